@@ -1,0 +1,3 @@
+from reprotrain.train import main
+
+main()

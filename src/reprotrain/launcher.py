@@ -1,0 +1,173 @@
+"""Where the training step runs: this process, or a CPU/CUDA container.
+
+    runtime=auto    Docker when an engine answers, else this process (one warning line)
+    runtime=docker  a container, or a clear error when no engine answers
+    runtime=local   this process
+
+The image follows the device: device=cuda -> the CUDA image with --gpus all; device=cpu ->
+the CPU image; device=auto -> the CUDA image only where Docker can reach NVIDIA GPUs.
+The container runs the same script on the same resolved config, with the project mounted
+at the same absolute path, so the runs it records are readable from the host's MLflow UI.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from reprotrain.errors import RuntimeEnvError
+from reprotrain.project import default_tracking_uri, find_root, git_state
+from reprotrain.schema import Config, as_dict
+
+CONTAINER_ENV = "REPROTRAIN_IN_CONTAINER"
+
+
+def launch(config: Config, overrides: list[str]) -> dict[str, Any] | None:
+    from reprotrain.train import run
+
+    mode = choose_runtime(config)
+    if mode == "local":
+        return run(config, "local")
+    return run_in_docker(config)
+
+
+def choose_runtime(config: Config) -> str:
+    mode = config.runtime.mode
+    if mode == "local" or os.environ.get(CONTAINER_ENV) == "1":
+        return "local"  # already inside reprotrain's container: train here
+    from reprotrain.containers import engine_status
+
+    status = engine_status()
+    if status.available:
+        return "docker"
+    if mode == "docker":
+        raise RuntimeEnvError(
+            f"runtime=docker but Docker is not usable: {status.reason}",
+            hint="start the Docker engine (or install Docker), or run with runtime=local",
+        )
+    print(
+        f"reprotrain: warning: {status.reason}; training in this process "
+        "(runtime=local silences this warning)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return "local"
+
+
+def image_kind(config: Config) -> str:
+    from reprotrain.containers import host_has_docker_gpus
+
+    if config.device.type == "mps":
+        raise RuntimeEnvError(
+            "device=mps cannot run inside a Linux container (no Metal there)",
+            hint="use runtime=local on the Mac, or device=cpu",
+        )
+    if config.device.type == "cuda":
+        return "cuda"
+    if config.device.type == "auto" and host_has_docker_gpus():
+        return "cuda"
+    return "cpu"
+
+
+def run_in_docker(config: Config) -> None:
+    from reprotrain.containers import container_command, ensure_image, run_container
+    from reprotrain.tracking import check_store, prepare_store
+
+    root = find_root()
+    kind = image_kind(config)
+    image = ensure_image(kind, root)
+    uri = config.tracking.uri or default_tracking_uri()
+    run_id = ""
+    if config.tracking.enabled:
+        check_store(uri, config.tracking.connect_timeout_s)
+        prepare_store(uri)
+        run_id = create_run(config, uri)
+    commit, dirty = git_state(root)
+    config_file = write_launch_config(root, config)
+    env = {
+        "MLFLOW_TRACKING_URI": uri,
+        "REPROTRAIN_RUNTIME": f"docker-{kind}",
+        "REPROTRAIN_IMAGE_ID": image.id,
+        "REPROTRAIN_GIT_COMMIT": commit,
+        "REPROTRAIN_GIT_DIRTY": dirty,
+        CONTAINER_ENV: "1",
+        **({"REPROTRAIN_RUN_ID": run_id} if run_id else {}),
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(("DVC_", "REPROTRAIN_SWEEP", "REPROTRAIN_PARENT"))
+        },
+    }
+    network = config.runtime.network
+    if network == "auto":
+        network = "host" if uri.startswith(("http://", "https://")) else "none"
+    argv = [
+        "python",
+        "-m",
+        "reprotrain.train",
+        "--config-dir",
+        str(config_file.parent),
+        "--config-name",
+        config_file.stem,
+    ]
+    command = container_command(
+        image,
+        kind,
+        argv,
+        project_root=root,
+        env=env,
+        network=network,
+        shm_size=config.runtime.shm_size,
+        cpus=config.runtime.cpus,
+    )
+    try:
+        code = run_container(command, kind=kind)
+    finally:
+        config_file.unlink(missing_ok=True)
+        if run_id:
+            end_if_running(uri, run_id, code if "code" in locals() else 1)
+    if code != 0:
+        raise RuntimeEnvError(
+            f"the training container ({image.tag}) exited with code {code}",
+            hint="see its last log lines above; 137 = killed (docker kill or out of memory), "
+            "143 = stopped (docker stop)",
+        )
+
+
+def write_launch_config(root: Path, config: Config) -> Path:
+    """The resolved config the container reads: same values, no second composition."""
+    folder = root / "outputs" / "launch"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"run-{uuid.uuid4().hex[:12]}.yaml"
+    tree = as_dict(config)
+    tree["runtime"]["mode"] = "local"  # inside the container: train, don't launch again
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(tree)))
+    return path
+
+
+def create_run(config: Config, uri: str) -> str:
+    """Create the run on the host, so a container killed outright still leaves a status."""
+    from mlflow.tracking import MlflowClient
+
+    from reprotrain.tracking import ensure_experiment
+
+    client = MlflowClient(uri)
+    experiment_id = ensure_experiment(client, config.tracking.experiment)
+    name = config.tracking.run_name or f"{config.model.name}-{config.optimizer.name}-docker"
+    return client.create_run(experiment_id, run_name=name).info.run_id
+
+
+def end_if_running(uri: str, run_id: str, exit_code: int) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    if client.get_run(run_id).info.status != "RUNNING":
+        return  # the container ended its own run
+    status = "KILLED" if exit_code in (130, 137, 143) else "FAILED"
+    client.set_tag(run_id, "error", f"training container exited with code {exit_code}")
+    client.set_terminated(run_id, status)

@@ -1,0 +1,76 @@
+"""Where the project is: its root, its conf/ folder, its MLflow store, its git state.
+
+DVC runs queued and temporary experiments in a copy under `.dvc/tmp/exps/`; runs there
+must still land in the project's own store, so the root is taken from above that copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/reprotrain/ -> the checkout
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The nearest folder at or above `start` (default: cwd) that holds conf/config.yaml."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "conf" / "config.yaml").is_file():
+            return folder
+    return PACKAGE_ROOT
+
+
+def store_root(start: Path | None = None) -> Path:
+    """The project that owns the MLflow store: above a DVC experiment's temporary copy."""
+    root = find_root(start)
+    parts = root.parts
+    for i in range(len(parts) - 2):
+        if parts[i : i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return root
+
+
+def default_tracking_uri(start: Path | None = None) -> str:
+    """$MLFLOW_TRACKING_URI, else an absolute sqlite file at the project root."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store_root(start) / 'mlflow.db'}"
+
+
+def conf_digest(conf_dir: Path | None = None) -> str:
+    """sha256 (first 16 hex) over every file's path and bytes under conf/."""
+    conf_dir = conf_dir or find_root() / "conf"
+    digest = hashlib.sha256()
+    for path in sorted(p for p in conf_dir.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(conf_dir).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def register_resolvers() -> None:
+    """`${reprotrain.conf_digest:}` in conf/config.yaml; also loaded by DVC via hydra_plugins."""
+    OmegaConf.register_new_resolver("reprotrain.conf_digest", lambda: conf_digest(), replace=True)
+
+
+def git_state(root: Path) -> tuple[str, str]:
+    """(commit, dirty) of the checkout; a container gets the host's values through env."""
+    commit = os.environ.get("REPROTRAIN_GIT_COMMIT")
+    dirty = os.environ.get("REPROTRAIN_GIT_DIRTY")
+    if commit and dirty:
+        return commit, dirty
+    try:
+        commit = _git(root, "rev-parse", "HEAD") or "none"
+        dirty = "true" if _git(root, "status", "--porcelain", "--untracked-files=no") else "false"
+    except (OSError, subprocess.SubprocessError):
+        return "none", "unknown"
+    return commit, dirty
+
+
+def _git(root: Path, *args: str) -> str:
+    result = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
+    )
+    return result.stdout.strip() if result.returncode == 0 else ""

@@ -1,0 +1,94 @@
+"""The training step, as the course teaches it.
+
+    device = resolve_device("auto")                     # devices.py
+    model = model.to(device)                            # once, before the loop
+    for batch in batches:
+        inputs, targets = move_batch_to_device(batch, device)   # every batch, inside the loop
+        loss = train_step(model, inputs, targets, loss_fn, optimizer)
+
+`loss` comes back still on the device: reading it (`.item()`, `.cpu()`) waits for the GPU,
+so the loop reads losses in batches every `log_every` steps instead of every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from reprotrain.errors import DeviceError
+
+
+def _no_mark(_phase: str) -> None:
+    pass
+
+
+def move_batch_to_device(
+    batch: tuple[torch.Tensor, torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs, targets = batch
+    # non_blocking: from pinned host memory the copy overlaps GPU work. Already there: a no-op.
+    return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+
+def train_step(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mark: Callable[[str], None] = _no_mark,
+) -> torch.Tensor:
+    """Forward, loss, zero_grad, backward, step. `mark` stamps the timing boundaries."""
+    try:
+        logits = model(inputs)  # 1. forward
+        loss = loss_fn(logits, targets)  # 2. loss
+    except RuntimeError as error:
+        raise _explain_device_mismatch(error, model, inputs, targets) from error
+    mark("forward")
+    optimizer.zero_grad(set_to_none=True)  # 3. zero_grad
+    loss.backward()  # 4. backward
+    mark("backward")
+    optimizer.step()  # 5. step
+    mark("optimizer")
+    return loss.detach()  # still on the device: no sync here
+
+
+def _explain_device_mismatch(
+    error: RuntimeError, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+) -> Exception:
+    if "same device" not in str(error) and "device" not in str(error).lower():
+        return error
+    model_device = next(model.parameters()).device
+    if inputs.device == model_device and targets.device == model_device:
+        return error
+    return DeviceError(
+        f"model and data are on different devices: model on {model_device}, "
+        f"inputs on {inputs.device}, targets on {targets.device}",
+        hint="move the model once with model.to(device) and every batch inside the loop "
+        "with move_batch_to_device(batch, device)",
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: nn.Module, batch_size: int = 4096
+) -> tuple[float, float, np.ndarray]:
+    """Mean loss, accuracy and predicted classes on a split (results moved to NumPy via .cpu())."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total_loss, predictions = torch.zeros((), device=device), []
+    for start in range(0, x.shape[0], batch_size):
+        inputs = x[start : start + batch_size].to(device, non_blocking=True)
+        targets = y[start : start + batch_size].to(device, non_blocking=True)
+        logits = model(inputs)
+        total_loss += loss_fn(logits, targets) * targets.shape[0]
+        predictions.append(logits.argmax(dim=1))
+    model.train(was_training)
+    predicted = torch.cat(predictions).cpu().numpy()  # sync point: the one read of the results
+    mean_loss = (total_loss / x.shape[0]).cpu().item()
+    accuracy = float((predicted == y.cpu().numpy()).mean())
+    return mean_loss, accuracy, predicted

@@ -1,0 +1,94 @@
+"""Honest per-step timing: per phase, GPU-aware, read without a sync per step.
+
+    clock = PhaseClock(device)
+    clock.start_step()
+    ... clock.mark("data_to_device") ... clock.mark("forward") ...
+    clock.end_step(step)
+    clock.drain()  # -> [(step, {"data_to_device": ms, ..., "step": ms})]
+
+On CPU a mark reads perf_counter (CPU ops finish before they return). On CUDA a mark
+records an event in the stream; events are read in `drain`, which waits for the last one:
+that wait is the one sync point, taken every `log_every` steps, not every step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+PHASES = ("data_to_device", "forward", "backward", "optimizer")
+
+
+class PhaseClock:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._marks: list[tuple[str, object]] = []
+        self._pending: list[tuple[int, list[tuple[str, object]]]] = []
+
+    def _now(self) -> object:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start_step(self) -> None:
+        self._marks = [("start", self._now())]
+
+    def mark(self, phase: str) -> None:
+        self._marks.append((phase, self._now()))
+
+    def end_step(self, step: int) -> None:
+        self._pending.append((step, self._marks))
+        self._marks = []
+
+    def drain(self) -> list[tuple[int, dict[str, float]]]:
+        """Durations in ms of every step ended since the last drain."""
+        if not self._pending:
+            return []
+        if self.cuda:
+            self._pending[-1][1][-1][1].synchronize()  # sync point: waits for the last step's work
+        out = []
+        for step, marks in self._pending:
+            phases = {
+                name: self._ms(marks[i - 1][1], marks[i][1])
+                for i, (name, _) in enumerate(marks)
+                if i > 0
+            }
+            phases["step"] = self._ms(marks[0][1], marks[-1][1])
+            out.append((step, phases))
+        self._pending = []
+        return out
+
+    def _ms(self, begin: object, end: object) -> float:
+        if self.cuda:
+            return begin.elapsed_time(end)  # type: ignore[attr-defined]
+        return (end - begin) * 1e3  # type: ignore[operator]
+
+
+class TimingSummary:
+    """Collects per-step phase times after warm-up; reports medians and means."""
+
+    def __init__(self, warmup_steps: int) -> None:
+        self.warmup_steps = warmup_steps
+        self.samples: dict[str, list[float]] = {}
+
+    def add(self, step: int, phases: dict[str, float]) -> None:
+        if step <= self.warmup_steps:
+            return
+        for name, ms in phases.items():
+            self.samples.setdefault(name, []).append(ms)
+
+    def median(self, name: str) -> float:
+        values = self.samples.get(name)
+        return statistics.median(values) if values else float("nan")
+
+    def mean(self, name: str) -> float:
+        values = self.samples.get(name)
+        return statistics.fmean(values) if values else float("nan")
+
+    @property
+    def measured_steps(self) -> int:
+        return len(self.samples.get("step", []))

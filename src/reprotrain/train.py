@@ -1,0 +1,365 @@
+"""The training-step script: a Hydra app that trains and records the run in MLflow.
+
+    python -m reprotrain.train                                   # conf/config.yaml defaults
+    python -m reprotrain.train device=cpu optimizer=sgd optimizer.lr=3e-4 model=mlp_wide
+    python -m reprotrain.train experiment=smoke                  # a few steps on tiny data
+    python -m reprotrain.train --multirun optimizer=adamw,sgd train.batch_size=32,256
+    python -m reprotrain.train --cfg job                         # print the composed config
+    python -m reprotrain.train --config-dir . --config-name params   # a composed params.yaml (DVC)
+
+The loop below is the course's: choose the device, move the model there once, move each
+batch inside the loop, then forward, loss, zero_grad, backward, step (see step.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import psutil
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from reprotrain import __version__, overrides
+from reprotrain.data import Batches, Dataset, file_md5, fits_on_device, load_dataset
+from reprotrain.devices import available_cpus, describe_device, resolve_device, synchronize
+from reprotrain.errors import ConfigError, UserError, report_and_exit
+from reprotrain.model import build_model, build_optimizer, training_flops_per_sample
+from reprotrain.outputs import (
+    write_json,
+    write_loss_csv,
+    write_loss_plot,
+    write_model,
+    write_text,
+)
+from reprotrain.progress import Progress
+from reprotrain.project import conf_digest, default_tracking_uri, find_root, git_state
+from reprotrain.schema import Config, as_dict, flatten, validate
+from reprotrain.step import evaluate, move_batch_to_device, train_step
+from reprotrain.timing import PHASES, PhaseClock, TimingSummary
+from reprotrain.tracking import (
+    Interrupted,
+    NoRun,
+    TrackedRun,
+    check_store,
+    prepare_store,
+    raise_on_sigterm,
+)
+
+
+def run(config: Config, runtime: str = "local") -> dict[str, Any]:
+    """Train once as `config` says; returns the metrics written to metrics.json."""
+    device = resolve_device(config.device.type, config.device.index)  # fail before any run exists
+    set_threads(config.train.threads)
+    seed_everything(config.train.seed, config.train.deterministic, device)
+    dataset = load_dataset(config.data)
+    out_dir = check_output_dir(Path(config.train.output_dir))
+    uri = config.tracking.uri or default_tracking_uri()
+    if config.tracking.enabled:
+        check_store(uri, config.tracking.connect_timeout_s)
+        prepare_store(uri)
+    raise_on_sigterm()  # SIGTERM ends the run KILLED, like Ctrl-C
+    info = describe_device(device)
+    tags = {**info.as_tags(), **run_tags(config, dataset, runtime)}
+    name = config.tracking.run_name or f"{config.model.name}-{config.optimizer.name}-{device.type}"
+    tracker = (
+        TrackedRun(
+            uri,
+            config.tracking.experiment,
+            name,
+            tags,
+            flatten(as_dict(config)),
+            config.tracking.flush_every_s,
+        )
+        if config.tracking.enabled
+        else NoRun()
+    )
+    with tracker as tracked:
+        result = fit(config, device, dataset, tracked)
+        result.update(
+            run_id=tracked.run_id,
+            tracking_uri=uri if config.tracking.enabled else None,
+            device=info.type,
+            device_name=info.name,
+        )
+        write_outputs(config, out_dir, result, tracked)
+    return result
+
+
+def fit(config: Config, device: torch.device, dataset: Dataset, tracked: Any) -> dict[str, Any]:
+    train = config.train
+    model = build_model(config.model, dataset.num_features, dataset.num_classes).to(device)  # once
+    optimizer = build_optimizer(config.optimizer, model.parameters(), device)
+    loss_fn = nn.CrossEntropyLoss()
+    resident = train.resident_data == "true" or (
+        train.resident_data == "auto" and fits_on_device(dataset, device)
+    )
+    batches = Batches(dataset, train.batch_size, device, resident=resident, seed=train.seed)
+    total = train.steps or train.epochs * batches.batches_per_epoch
+    clock, summary = PhaseClock(device), TimingSummary(train.warmup_steps)
+    pending: list[torch.Tensor] = []
+    steps, losses = [], []
+    progress = Progress(total, train.progress)
+    startup_s = time.time() - psutil.Process().create_time()
+    measure_from = None
+
+    try:
+        for step, batch in enumerate(batches.take(total), start=1):
+            clock.start_step()
+            inputs, targets = move_batch_to_device(batch, device)  # every batch, inside the loop
+            clock.mark("data_to_device")
+            pending.append(train_step(model, inputs, targets, loss_fn, optimizer, mark=clock.mark))
+            clock.end_step(step)
+            if step == train.warmup_steps:
+                synchronize(device)  # sync point: the throughput clock starts after warm-up
+                measure_from = time.perf_counter()
+            if step % train.log_every == 0 or step == total:
+                values = torch.stack(pending).cpu().tolist()  # sync point: one read per log_every
+                first = step - len(pending) + 1
+                pending.clear()
+                check_finite(values, first, losses)
+                for offset, value in enumerate(values):
+                    tracked.log_metric("train/loss", value, first + offset)
+                for timed_step, phases in clock.drain():
+                    summary.add(timed_step, phases)
+                    tracked.log_metric("time/step_ms", phases["step"], timed_step)
+                steps.extend(range(first, step + 1))
+                losses.extend(values)
+                rate = (
+                    train.batch_size / (summary.median("step") / 1e3)
+                    if summary.measured_steps
+                    else 0.0
+                )
+                progress.update(step, values[-1], rate)
+    finally:
+        progress.close()
+    synchronize(device)  # sync point: all queued work is done before the clock stops
+    loop_end = time.perf_counter()
+    measured = total - train.warmup_steps if measure_from is not None else total
+    elapsed = loop_end - (measure_from if measure_from is not None else loop_end)
+    samples_per_s = measured * train.batch_size / elapsed if elapsed > 0 else float("nan")
+
+    x_val, y_val = torch.from_numpy(dataset.x_val), torch.from_numpy(dataset.y_val)
+    val_loss, val_accuracy, _ = evaluate(model, x_val, y_val, loss_fn)
+    result = {
+        "steps": total,
+        "batch_size": train.batch_size,
+        "final_loss": losses[-1],
+        "val_loss": val_loss,
+        "val_accuracy": val_accuracy,
+        "samples_per_s": samples_per_s,
+        "step_ms_median": summary.median("step"),
+        "startup_s": startup_s,
+        "total_s": time.time() - psutil.Process().create_time(),
+        "train_flops_per_s": samples_per_s * training_flops_per_sample(model),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "resident_data": resident,
+        **{f"{phase}_ms_mean": summary.mean(phase) for phase in PHASES},
+    }
+    if device.type == "cuda":
+        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    tracked.log_metrics(summary_metrics(result), step=total)
+    result["_curve"] = (steps, losses)
+    result["_model"] = model
+    return result
+
+
+def check_finite(values: list[float], first_step: int, history: list[float]) -> None:
+    for offset, value in enumerate(values):
+        if not np.isfinite(value):
+            finite = [v for v in history + values[:offset] if np.isfinite(v)]
+            last = f"{finite[-1]:.6g}" if finite else "none"
+            raise UserError(
+                f"the loss became {value} at step {first_step + offset} (last finite loss {last})",
+                hint="lower optimizer.lr, check the data for NaN/inf, or use a smaller model",
+            )
+
+
+def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
+    metrics = {
+        "val/loss": result["val_loss"],
+        "val/accuracy": result["val_accuracy"],
+        "throughput/samples_per_s": result["samples_per_s"],
+        "time/step_ms_median": result["step_ms_median"],
+        "time/startup_s": result["startup_s"],
+        "time/total_s": result["total_s"],
+        "memory/peak_rss_mb": result["peak_rss_mb"],
+        **{f"time/{phase}_ms": result[f"{phase}_ms_mean"] for phase in PHASES},
+    }
+    if "cuda_peak_mb" in result:
+        metrics["memory/cuda_peak_mb"] = result["cuda_peak_mb"]
+    return {k: v for k, v in metrics.items() if np.isfinite(v)}
+
+
+def write_outputs(config: Config, out_dir: Path, result: dict[str, Any], tracked: Any) -> None:
+    steps, losses = result.pop("_curve")
+    model = result.pop("_model")
+    config_yaml = OmegaConf.to_yaml(OmegaConf.create(as_dict(config)))
+    files = [
+        write_text(out_dir / "config.yaml", config_yaml),
+        write_loss_plot(
+            out_dir / "loss.png",
+            steps,
+            losses,
+            f"{result['device_name']} · {config.model.name} · {config.optimizer.name}",
+        ),
+        write_model(
+            out_dir / "model.pt",
+            model,
+            {
+                "model": as_dict(config)["model"],
+                "in_features": config.data.num_features,
+                "num_classes": config.data.num_classes,
+            },
+        ),
+        write_loss_csv(out_dir / "loss.csv", steps, losses),
+    ]
+    for path in files:
+        tracked.log_artifact(path)
+    write_json(out_dir / "metrics.json", result)  # last: its presence means the run completed
+
+
+def check_output_dir(out_dir: Path) -> Path:
+    """Fail before training, not after it, when the results cannot be written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"train.output_dir={str(out_dir)!r} cannot be written ({error.strerror})",
+            hint="point train.output_dir at a writable folder",
+        ) from None
+    return out_dir
+
+
+def run_tags(config: Config, dataset: Dataset, runtime: str) -> dict[str, str]:
+    root = find_root()
+    commit, dirty = git_state(root)
+    data_hash = (
+        file_md5(Path(config.data.file))
+        if config.data.file
+        else _arrays_md5(dataset.x_train, dataset.y_train)
+    )
+    tags = {
+        "runtime": os.environ.get("REPROTRAIN_RUNTIME", runtime),
+        "git.commit": commit,
+        "git.dirty": dirty,
+        "data.hash": data_hash,
+        "config.hash": conf_hash(config),
+        "reprotrain.version": __version__,
+        "mlflow.source.name": "reprotrain.train",
+    }
+    if os.environ.get("REPROTRAIN_IMAGE_ID"):
+        tags["image.id"] = os.environ["REPROTRAIN_IMAGE_ID"]
+    for env, tag in (
+        ("DVC_STAGE", "dvc.stage"),
+        ("DVC_EXP_NAME", "dvc.exp_name"),
+        ("DVC_EXP_BASELINE_REV", "dvc.baseline_rev"),
+        ("REPROTRAIN_SWEEP_ID", "sweep.id"),
+        ("REPROTRAIN_PARENT_RUN_ID", "mlflow.parentRunId"),
+    ):
+        if os.environ.get(env):
+            tags[tag] = os.environ[env]
+    return tags
+
+
+def conf_hash(config: Config) -> str:
+    import hashlib
+
+    text = OmegaConf.to_yaml(
+        OmegaConf.create({k: v for k, v in as_dict(config).items() if k != "conf_digest"})
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _arrays_md5(*arrays: np.ndarray) -> str:
+    import hashlib
+
+    digest = hashlib.md5()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).data)
+    return digest.hexdigest()
+
+
+def set_threads(threads: str) -> None:
+    # torch sizes its pool from the host's cores, not a container's CPU quota.
+    torch.set_num_threads(available_cpus() if threads == "auto" else int(threads))
+
+
+def seed_everything(seed: int, deterministic: bool, device: torch.device) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by cuBLAS determinism
+        if "torch._inductor" in sys.modules:
+            torch.use_deterministic_algorithms(True)
+        else:
+            # The same switch. The public function also imports torch's compiler (~1.8 s
+            # here) just to set a flag that only matters under torch.compile.
+            torch._C._set_deterministic_algorithms(True)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def check_conf_digest(config: Config) -> None:
+    """A composed params.yaml must come from today's conf/, or training would use stale values."""
+    if config.conf_digest is None:
+        return
+    current = conf_digest()
+    if config.conf_digest != current:
+        raise ConfigError(
+            f"conf/ changed since params.yaml was composed (params.yaml conf_digest="
+            f"{config.conf_digest}, conf/ is now {current})",
+            hint="run `dvc exp run` to compose params.yaml from conf/ and train with the new values",
+        )
+
+
+@hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
+def hydra_app(cfg: DictConfig) -> None:
+    try:
+        config = validate(cfg)
+        if HydraConfig.get().job.config_name != "config":  # a composed params file
+            check_conf_digest(config)
+        from reprotrain.launcher import launch
+
+        launch(config, list(HydraConfig.get().overrides.task))
+    except UserError as error:
+        report_and_exit(error)
+
+
+def main() -> None:
+    argv = overrides.normalise(sys.argv[1:])
+    try:
+        overrides.check(argv)
+    except UserError as error:
+        report_and_exit(error)
+    sys.argv = [sys.argv[0], *argv]
+    try:
+        hydra_app()
+    except KeyboardInterrupt:
+        _stopped(signal.SIGINT)
+    except Interrupted as stop:
+        _stopped(stop.signum)
+
+
+def _stopped(signum: int) -> None:
+    """Ctrl-C / SIGTERM: the run was already ended KILLED with its metrics flushed."""
+    print(f"reprotrain: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    main()

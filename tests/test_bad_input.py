@@ -1,0 +1,151 @@
+"""Every bad input: non-zero exit, one line naming what was wrong, no traceback, no run
+left RUNNING, no output written."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import PYTHON, Store, child_env, train
+
+CASES = {
+    # overrides: a substring the one-line message must contain
+    "cuda without a GPU": (["device=cuda"], "device=cuda was requested but no CUDA device"),
+    "cuda index beyond the count": (["device=cuda:7"], "device=cuda:7"),
+    "unknown device": (["device=tpu"], "device='tpu' is not an option of the 'device' group"),
+    "unknown optimizer": (["optimizer=nosuch"], "optimizer='nosuch' is not an option"),
+    "unknown model": (["model=nosuch"], "model='nosuch' is not an option"),
+    "unknown data": (["data=imagenet"], "data='imagenet' is not an option"),
+    "unknown runtime": (["runtime=nosuch"], "runtime='nosuch' is not an option"),
+    "negative lr": (["optimizer.lr=-1"], "optimizer.lr=-1.0 is out of range"),
+    "lr not a number": (["optimizer.lr=abc"], "optimizer.lr='abc' is not a number"),
+    "zero batch size": (["train.batch_size=0"], "train.batch_size=0 is out of range"),
+    "negative steps": (["train.steps=-5"], "train.steps=-5 is out of range"),
+    "zero hidden size": (["model.hidden_size=0"], "model.hidden_size=0 is out of range"),
+    "steps and epochs": (["train.epochs=2"], "set exactly one"),
+    "batch bigger than data": (["train.batch_size=100000"], "larger than the training split"),
+    "momentum for adamw": (["optimizer.momentum=0.9"], "is not a config key"),
+    "unknown key": (["nosuchkey=1"], "'nosuchkey' is not a config key"),
+    "sweep without multirun": (["optimizer=adamw,sgd"], "add --multirun"),
+    "unparsable override": (["train.steps=["], "cannot parse the override"),
+    "bad betas": (["optimizer.betas=[0.9]"], "optimizer.betas=[0.9] is out of range"),
+    "features mismatch": (["data=digits", "data.num_features=784"], "data.num_features=784"),
+    "server not listening": (["tracking.uri=http://127.0.0.1:9"], "did not answer within"),
+    "store folder missing": (
+        ["tracking.uri=sqlite:////nonexistent/dir/mlflow.db"],
+        "does not exist",
+    ),
+    "store not writable": (["tracking.uri=sqlite:////proc/mlflow.db"], "is not writable"),
+    "plain file store": (
+        ["tracking.uri=file:///tmp/mlruns"],
+        "plain file stores are not supported",
+    ),
+    "missing data file": (["data.file=/nonexistent/data.npz"], "does not exist"),
+}
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess, expected: str, store: Store) -> None:
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("reprotrain: error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert expected in errors[0], errors[0]
+    assert "Traceback" not in result.stderr
+    if store.path.exists():
+        assert "RUNNING" not in store.statuses()
+
+
+@pytest.mark.parametrize("overrides,expected", CASES.values(), ids=CASES.keys())
+def test_bad_input_is_one_clear_line(tmp_path: Path, store: Store, overrides, expected) -> None:
+    result = train(tmp_path, store, "experiment=smoke", *overrides, check=False, timeout=120)
+    assert_clean_failure(result, expected, store)
+    assert not (tmp_path / "results").exists()
+
+
+def test_unreachable_server_is_reported_within_ten_seconds(tmp_path: Path, store: Store) -> None:
+    started = time.monotonic()
+    result = train(
+        tmp_path, store, "experiment=smoke", "tracking.uri=http://127.0.0.1:9", check=False
+    )
+    assert_clean_failure(result, "http://127.0.0.1:9", store)
+    # the check itself has a 5 s timeout; the rest is interpreter start-up
+    assert time.monotonic() - started < 30
+
+
+def test_full_traceback_on_request(tmp_path: Path, store: Store) -> None:
+    result = train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "optimizer.lr=-1",
+        check=False,
+        env=child_env(HYDRA_FULL_ERROR="1"),
+    )
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_cuda_in_a_container_hints_at_gpus_all(tmp_path: Path, store: Store) -> None:
+    result = train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "device=cuda",
+        check=False,
+        env=child_env(REPROTRAIN_IN_CONTAINER="1"),
+    )
+    assert_clean_failure(result, "--gpus all", store)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "nan", "wrong_shape", "labels"])
+def test_broken_data_file_is_a_clear_error(tmp_path: Path, store: Store, damage: str) -> None:
+    path = tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    arrays = {
+        "x_train": rng.standard_normal((64, 784), dtype=np.float32),
+        "y_train": rng.integers(0, 10, 64),
+        "x_val": rng.standard_normal((16, 784), dtype=np.float32),
+        "y_val": rng.integers(0, 10, 16),
+    }
+    if damage == "nan":
+        arrays["x_train"][3, 5] = np.nan
+    if damage == "wrong_shape":
+        arrays["x_train"] = arrays["x_train"].reshape(64, 28, 28)
+    if damage == "labels":
+        arrays["y_train"][0] = 42
+    np.savez(path, **arrays)
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:5000])
+    result = train(tmp_path, store, "experiment=smoke", f"data.file={path}", check=False)
+    expected = {
+        "truncated": "corrupt or truncated",
+        "nan": "NaN",
+        "wrong_shape": "shape",
+        "labels": "labels span",
+    }[damage]
+    assert_clean_failure(result, expected, store)
+
+
+def test_unwritable_output_folder(tmp_path: Path, store: Store) -> None:
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.train",
+            "runtime=local",
+            "experiment=smoke",
+            f"tracking.uri={store.uri}",
+            "train.output_dir=/proc/reprotrain-results",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert_clean_failure(
+        result, "train.output_dir='/proc/reprotrain-results' cannot be written", store
+    )
+    assert not store.path.exists() or store.runs() == []  # checked before any run is created

@@ -1,0 +1,252 @@
+"""The training step as a Hydra app, recorded in MLflow (real torch, real sqlite store)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ROOT, Store, child_env, require_cuda, train
+from reprotrain.tracking import prepare_store
+
+SMOKE_STEPS = 20  # conf/experiment/smoke.yaml
+
+
+def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
+    train(tmp_path, store, "experiment=smoke", "device=cpu")
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    for key in (
+        "device.type",
+        "device.name",
+        "torch.version",
+        "cuda.version",
+        "runtime",
+        "git.commit",
+        "git.dirty",
+        "data.hash",
+        "config.hash",
+    ):
+        assert tags.get(key), key
+    assert tags["device.type"] == "cpu" and tags["runtime"] == "local"
+    assert tags["cuda.version"] == "none" or tags["cuda.version"][0].isdigit()
+    assert [step for step, _ in store.losses(run.info.run_id)] == list(range(1, SMOKE_STEPS + 1))
+    assert len(store.client.get_metric_history(run.info.run_id, "time/step_ms")) == SMOKE_STEPS
+    for key in (
+        "time/data_to_device_ms",
+        "time/forward_ms",
+        "time/backward_ms",
+        "time/optimizer_ms",
+        "time/total_s",
+        "time/startup_s",
+        "throughput/samples_per_s",
+        "val/loss",
+        "val/accuracy",
+        "memory/peak_rss_mb",
+    ):
+        assert key in run.data.metrics, key
+    params = run.data.params
+    assert params["optimizer.name"] == "adamw" and float(params["optimizer.lr"]) == 1e-3
+    assert params["model.hidden_size"] == "512" and params["train.steps"] == "20"
+    artifacts = {a.path for a in store.client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "loss.png", "model.pt", "loss.csv"} <= artifacts
+    metrics = json.loads((tmp_path / "results" / "metrics.json").read_text())
+    assert metrics["run_id"] == run.info.run_id
+    lines = (tmp_path / "results" / "loss.csv").read_text().splitlines()
+    assert lines[0] == "step,loss" and len(lines) == SMOKE_STEPS + 1
+
+
+@pytest.mark.parametrize("data", ["synthetic", "digits"])
+def test_loss_falls(tmp_path: Path, store: Store, data: str) -> None:
+    train(tmp_path, store, f"data={data}", "train.steps=150", "train.log_every=10")
+    losses = [value for _, value in store.losses(store.only_run().info.run_id)]
+    first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    assert last < 0.5 * first, (first, last)
+    metrics = json.loads((tmp_path / "results" / "metrics.json").read_text())
+    assert metrics["val_accuracy"] > 0.8
+
+
+def test_overrides_reach_the_run(tmp_path: Path, store: Store) -> None:
+    train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "device=cpu",
+        "optimizer=sgd",
+        "optimizer.lr=3e-4",
+        "model=mlp_wide",
+    )
+    params = store.only_run().data.params
+    assert params["optimizer.name"] == "sgd" and float(params["optimizer.lr"]) == 3e-4
+    assert params["optimizer.momentum"] == "0.9" and params["model.hidden_size"] == "2048"
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [PYTHON, "-m", "reprotrain.train", "--cfg", "job", "optimizer=sgd"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "name: sgd" in result.stdout and "hidden_size: 512" in result.stdout
+
+
+def test_tracking_uri_from_environment(tmp_path: Path, store: Store) -> None:
+    args = [
+        PYTHON,
+        "-m",
+        "reprotrain.train",
+        "runtime=local",
+        "experiment=smoke",
+        f"train.output_dir={tmp_path / 'results'}",
+    ]
+    result = subprocess.run(
+        args,
+        cwd=tmp_path,
+        env=child_env(MLFLOW_TRACKING_URI=store.uri),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert store.only_run().info.status == "FINISHED"
+
+
+def test_default_store_is_sqlite_at_the_project_root(tmp_path: Path) -> None:
+    from reprotrain.project import default_tracking_uri
+
+    project = tmp_path / "proj"
+    (project / "conf").mkdir(parents=True)
+    (project / "conf" / "config.yaml").write_text("{}\n")
+    (project / "sub").mkdir()
+    uri = default_tracking_uri(project / "sub")
+    assert uri == f"sqlite:///{project.resolve()}/mlflow.db"
+    exp_copy = project / ".dvc" / "tmp" / "exps" / "tmpabc"
+    (exp_copy / "conf").mkdir(parents=True)
+    (exp_copy / "conf" / "config.yaml").write_text("{}\n")
+    assert default_tracking_uri(exp_copy) == f"sqlite:///{project.resolve()}/mlflow.db"
+
+
+def test_progress_lines_when_not_a_terminal(tmp_path: Path, store: Store) -> None:
+    result = train(tmp_path, store, "experiment=smoke")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert lines and lines[-1].startswith(f"step {SMOKE_STEPS}/{SMOKE_STEPS}")
+    assert "samples/s" in lines[-1] and "loss" in lines[-1]
+
+
+def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> None:
+    train(
+        tmp_path,
+        store,
+        "--multirun",
+        "experiment=smoke",
+        "optimizer=adamw,sgd",
+        "train.batch_size=16,32",
+        timeout=600,
+    )
+    runs = store.runs()
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 4
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert {r.data.tags["sweep.id"] for r in children} == {parent.data.tags["sweep.id"]}
+    combos = {
+        (r.data.params["optimizer.name"], r.data.params["train.batch_size"]) for r in children
+    }
+    assert combos == {("adamw", "16"), ("adamw", "32"), ("sgd", "16"), ("sgd", "32")}
+    assert all(r.info.status == "FINISHED" for r in children)
+
+
+def _wait_for_losses(store: Store, at_least: int, proc: subprocess.Popen, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        if store.path.exists():
+            try:
+                runs = store.runs()
+            except Exception:  # the store is being created
+                runs = []
+            if runs and len(store.losses(runs[0].info.run_id)) >= at_least:
+                return runs[0]
+        time.sleep(0.2)
+    raise AssertionError("no losses recorded in time")
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_mid_run_ends_killed_with_metrics_kept(
+    tmp_path: Path, store: Store, sig, code
+) -> None:
+    args = [
+        PYTHON,
+        "-m",
+        "reprotrain.train",
+        "runtime=local",
+        f"tracking.uri={store.uri}",
+        f"train.output_dir={tmp_path / 'results'}",
+        "train.steps=1000000",
+        "train.log_every=10",
+        "tracking.flush_every_s=0.2",
+        "data.num_samples=2048",
+    ]
+    prepare_store(store.uri)  # the schema exists before this test's polling reader opens it
+    proc = subprocess.Popen(args, cwd=tmp_path, env=child_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_losses(store, 50, proc)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stderr[-2000:]
+    assert "Traceback" not in stderr
+    run = store.only_run()
+    assert run.info.status == "KILLED"
+    steps = [step for step, _ in store.losses(run.info.run_id)]
+    assert len(steps) >= 50 and steps == list(range(1, len(steps) + 1))
+    assert not (tmp_path / "results" / "metrics.json").exists()
+
+
+def test_diverging_loss_ends_failed_with_the_step(tmp_path: Path, store: Store) -> None:
+    result = train(
+        tmp_path, store, "experiment=smoke", "optimizer=sgd", "optimizer.lr=1e12", check=False
+    )
+    assert result.returncode != 0
+    assert "the loss became" in result.stderr and "Traceback" not in result.stderr
+    run = store.only_run()
+    assert run.info.status == "FAILED"
+    assert "the loss became" in run.data.tags["error"]
+
+
+@pytest.mark.gpu
+def test_cuda_run_names_the_gpu(tmp_path: Path, store: Store) -> None:
+    require_cuda()
+    import torch
+
+    train(tmp_path, store, "experiment=smoke", "device=cuda")
+    tags = store.only_run().data.tags
+    assert tags["device.type"] == "cuda"
+    assert tags["device.name"] == torch.cuda.get_device_name(0)
+
+
+def test_readme_mentions_every_mlflow_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for key in (
+        "train/loss",
+        "time/step_ms",
+        "time/data_to_device_ms",
+        "throughput/samples_per_s",
+        "device.name",
+        "cuda.version",
+        "git.dirty",
+        "image.id",
+    ):
+        assert f"`{key}`" in readme, key
