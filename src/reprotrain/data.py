@@ -12,8 +12,6 @@ either to an .npz file that DVC versions; training can read that file back (`dat
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ import numpy as np
 import torch
 
 from reprotrain.errors import ConfigError, DataError
+from reprotrain.outputs import write_atomic
 from reprotrain.schema import DataConfig
 
 ARRAYS = ("x_train", "y_train", "x_val", "y_val")
@@ -91,21 +90,14 @@ def _split(cfg: DataConfig, features: np.ndarray, labels: np.ndarray) -> Dataset
 
 
 def write_npz(dataset: Dataset, path: Path) -> str:
-    """Write atomically (temporary file, then rename) and return the file's md5, as DVC computes it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            np.savez(
-                out,
-                name=np.array(dataset.name),
-                num_classes=np.array(dataset.num_classes),
-                **{key: getattr(dataset, key) for key in ARRAYS},
-            )
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically and return the file's md5, as DVC computes it."""
+    arrays = {key: getattr(dataset, key) for key in ARRAYS}
+    write_atomic(
+        path,
+        lambda handle: np.savez(
+            handle, name=np.array(dataset.name), num_classes=np.array(dataset.num_classes), **arrays
+        ),
+    )
     return file_md5(path)
 
 

@@ -24,9 +24,11 @@ import torch
 
 
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write through a temporary file in the same folder, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         with os.fdopen(fd, "wb") as handle:
             write(handle)
         os.replace(tmp, path)
@@ -34,6 +36,12 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -64,9 +72,12 @@ def read_model(path: Path) -> dict[str, Any]:
 
 
 def write_loss_plot(path: Path, steps: Sequence[int], losses: Sequence[float], title: str) -> Path:
+    import logging
+
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # not its font-cache chatter
     from matplotlib import pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4), dpi=100)

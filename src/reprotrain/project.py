@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/reprotrain/ -> the checkout
 
@@ -27,6 +27,9 @@ def find_root(start: Path | None = None) -> Path:
 
 def store_root(start: Path | None = None) -> Path:
     """The project that owns the MLflow store: above a DVC experiment's temporary copy."""
+    dvc_root = os.environ.get("DVC_ROOT")  # DVC points queued experiments at the parent repo
+    if dvc_root and (Path(dvc_root) / "conf" / "config.yaml").is_file():
+        return Path(dvc_root).resolve()
     root = find_root(start)
     parts = root.parts
     for i in range(len(parts) - 2):
@@ -52,7 +55,23 @@ def conf_digest(conf_dir: Path | None = None) -> str:
 
 def register_resolvers() -> None:
     """`${reprotrain.conf_digest:}` in conf/config.yaml; also loaded by DVC via hydra_plugins."""
-    OmegaConf.register_new_resolver("reprotrain.conf_digest", lambda: conf_digest(), replace=True)
+    OmegaConf.register_new_resolver("reprotrain.conf_digest", _checked_conf_digest, replace=True)
+
+
+def _checked_conf_digest(*, _root_: DictConfig) -> str:
+    """Validate the whole composed config, then return conf/'s digest.
+
+    DVC resolves this while composing params.yaml for `dvc exp run`: a bad value
+    (`-S optimizer.lr=-1`) stops the composition with reprotrain's one-line message,
+    before params.yaml is written and before any stage runs.
+    """
+    from reprotrain.schema import validate
+
+    tree = OmegaConf.to_container(_root_, resolve=False)
+    tree.pop("conf_digest", None)
+    tree.pop("hydra", None)
+    validate(tree)
+    return conf_digest()
 
 
 def git_state(root: Path) -> tuple[str, str]:

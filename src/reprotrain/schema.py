@@ -76,7 +76,7 @@ class DataConfig:
     num_samples: int | None = 8192  # None = all samples the source has
     num_features: int = 784
     num_classes: int = 10
-    noise: float = 4.0
+    noise: float = 8.0
     val_fraction: float = 0.2
     seed: int = 0
     file: str | None = None  # a prepared .npz to read instead of generating

@@ -226,12 +226,21 @@ def ensure_experiment(client: Any, name: str) -> str:
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location(client))
     except Exception:  # another process created it first
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+def artifact_location(client: Any) -> str | None:
+    """Artifacts of a sqlite store go in mlruns/ beside the .db file, wherever the run starts
+    (MLflow's default is ./mlruns under the current folder). Servers choose for themselves."""
+    uri = client.tracking_uri
+    if uri.startswith("sqlite:///"):
+        return str(Path(uri.removeprefix("sqlite:///")).parent / "mlruns")
+    return None
 
 
 def end_status(error: BaseException | None) -> str:

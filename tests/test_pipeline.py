@@ -1,0 +1,228 @@
+"""`dvc repro` and `dvc exp run` in a temporary git repository copied from the project
+(real dvc, real git, real MLflow store; the training runs locally in these tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, Store, child_env
+
+BIN = Path(sys.executable).parent
+
+
+def sh(
+    repo: Path, *args: str, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    env = child_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", DVC_NO_ANALYTICS="1")
+    result = subprocess.run(
+        args, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert result.returncode == 0, f"{args}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def copy_project(dest: Path) -> Path:
+    """The files git would hold (tracked and new, not ignored), as a fresh repository."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file() and not name.startswith(("results/", "data/")):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def compose_params(repo: Path, *overrides: str) -> None:
+    """What `dvc exp run` does to params.yaml, done once to set up the copy."""
+    code = (
+        "import sys; from dvc.utils.hydra import compose_and_dump; "
+        "compose_and_dump('params.yaml', sys.argv[1], None, 'config', '', sys.argv[2:])"
+    )
+    sh(repo, sys.executable, "-c", code, str(repo / "conf"), *overrides)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = copy_project(tmp_path / "project")
+    config = repo / "conf" / "config.yaml"
+    text = config.read_text().replace("  - runtime: auto", "  - runtime: local")
+    config.write_text(text.replace("  - experiment: null", "  - experiment: smoke"))
+    compose_params(repo)
+    for step in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
+    ):
+        sh(repo, *step)
+    sh(repo, "git", "config", "user.name", "t")
+    sh(repo, "git", "config", "user.email", "t@t")
+    return repo
+
+
+def store_of(repo: Path) -> Store:
+    return Store(repo)
+
+
+def test_repro_runs_once_then_is_a_no_op(repo: Path) -> None:
+    first = sh(repo, "dvc", "repro")
+    assert "Running stage 'prepare'" in first.stdout and "Running stage 'evaluate'" in first.stdout
+    assert (repo / "dvc.lock").is_file()
+    store = store_of(repo)
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    data_md5 = lock["stages"]["prepare"]["outs"][0]["md5"]
+    assert tags["dvc.stage"] == "train" and tags["data.hash"] == data_md5
+    assert tags["git.commit"] == sh(repo, "git", "rev-parse", "HEAD").stdout.strip()
+    metrics = json.loads((repo / "results" / "metrics.json").read_text())
+    assert metrics["run_id"] == run.info.run_id
+    assert "eval/accuracy" in store.client.get_run(run.info.run_id).data.metrics
+
+    second = sh(repo, "dvc", "repro")
+    assert "Data and pipelines are up to date" in second.stdout
+    assert len(store.runs()) == 1
+
+
+def test_conf_edit_is_never_trained_on_silently(repo: Path) -> None:
+    sh(repo, "dvc", "repro")
+    adamw = repo / "conf" / "optimizer" / "adamw.yaml"
+    adamw.write_text(adamw.read_text().replace("lr: 1.0e-3", "lr: 5.0e-4"))
+    lock_before = (repo / "dvc.lock").read_bytes()
+
+    stale = sh(repo, "dvc", "repro", check=False)
+    assert stale.returncode != 0
+    assert "conf/ changed since params.yaml was composed" in stale.stdout + stale.stderr
+    assert "dvc exp run" in stale.stdout + stale.stderr
+    assert "Running stage 'prepare'" not in stale.stdout
+    assert (repo / "dvc.lock").read_bytes() == lock_before
+    assert len(store_of(repo).runs()) == 1
+
+    applied = sh(repo, "dvc", "exp", "run")
+    assert "Running stage 'train'" in applied.stdout
+    assert "Running stage 'prepare'" not in applied.stdout
+    newest = store_of(repo).runs()[0]
+    assert float(newest.data.params["optimizer.lr"]) == 5e-4
+    assert newest.data.tags.get("dvc.exp_name")
+
+
+@pytest.mark.parametrize(
+    "override,param,value",
+    [
+        ("optimizer=sgd", "optimizer.name", "sgd"),
+        ("optimizer.lr=0.01", "optimizer.lr", "0.01"),
+        ("model=mlp_wide", "model.hidden_size", "2048"),
+        ("device=cpu", "device.type", "cpu"),
+    ],
+)
+def test_exp_run_override_reaches_the_mlflow_run(
+    repo: Path, override: str, param: str, value: str
+) -> None:
+    sh(repo, "dvc", "exp", "run", "-S", override)
+    run = store_of(repo).only_run()
+    assert run.data.params[param] == value
+    assert run.data.tags["dvc.exp_name"]
+    shown = sh(repo, "dvc", "exp", "show", "--json").stdout
+    assert run.data.tags["dvc.exp_name"] in shown
+
+
+def test_queued_sweep_runs_each_point_into_the_project_store(repo: Path) -> None:
+    sh(repo, "dvc", "repro")  # the baseline
+    sh(
+        repo,
+        "dvc",
+        "exp",
+        "run",
+        "-S",
+        "optimizer=adamw,sgd",
+        "-S",
+        "train.batch_size=16,24",
+        "--queue",
+    )
+    sh(repo, "dvc", "queue", "start", "-j", "1")
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        status = sh(repo, "dvc", "queue", "status").stdout
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(3)
+    status = sh(repo, "dvc", "queue", "status").stdout
+    assert status.count("Success") == 4, status
+    runs = store_of(repo).runs()  # the project's own store, not a temporary copy's
+    swept = [r for r in runs if r.data.tags.get("dvc.exp_name")]
+    assert len(swept) == 4 and all(r.info.status == "FINISHED" for r in swept)
+    combos = {(r.data.params["optimizer.name"], r.data.params["train.batch_size"]) for r in swept}
+    assert combos == {("adamw", "16"), ("adamw", "24"), ("sgd", "16"), ("sgd", "24")}
+    assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
+
+
+def test_metrics_and_plots_show(repo: Path) -> None:
+    sh(repo, "dvc", "repro")
+    metrics = sh(repo, "dvc", "metrics", "show").stdout
+    assert "results/metrics.json" in metrics and "results/eval.json" in metrics
+    assert "val_accuracy" in metrics
+    plots = sh(repo, "dvc", "plots", "show", "-o", "plots").stdout
+    assert (repo / "plots" / "index.html").is_file(), plots
+    html = (repo / "plots" / "index.html").read_text()
+    assert "results/loss.csv" in html and "results/confusion.csv" in html
+    dag = sh(repo, "dvc", "dag").stdout
+    assert "prepare" in dag and "train" in dag and "evaluate" in dag
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("optimizer=nosuch", "optimizer/nosuch"),
+        ("optimizer.lr=-1", "optimizer.lr=-1.0 is out of range"),
+        ("nosuchkey=1", "nosuchkey"),
+    ],
+)
+def test_bad_exp_run_changes_nothing(repo: Path, override: str, expected: str) -> None:
+    sh(repo, "dvc", "repro")
+    lock = (repo / "dvc.lock").read_bytes()
+    metrics = (repo / "results" / "metrics.json").read_bytes()
+    result = sh(repo, "dvc", "exp", "run", "-S", override, check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert expected in output and "Traceback" not in output
+    assert (repo / "dvc.lock").read_bytes() == lock
+    assert (repo / "results" / "metrics.json").read_bytes() == metrics
+    store = store_of(repo)
+    assert len(store.runs()) == 1 and "RUNNING" not in store.statuses()
+
+
+def test_corrupt_prepared_data_is_a_clear_error_from_train(repo: Path) -> None:
+    sh(repo, "dvc", "repro")
+    data = repo / "data" / "dataset.npz"
+    truncated = data.read_bytes()[:4096]
+    data.unlink()  # the cache holds the good copy; replace the link with a broken file
+    data.write_bytes(truncated)
+    result = sh(repo, "dvc", "repro", "--single-item", "train", check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "corrupt or truncated" in output and "Traceback" not in output
+    assert "RUNNING" not in store_of(repo).statuses()
+
+
+def test_committed_params_yaml_matches_conf() -> None:
+    """The params.yaml in the repository was composed from today's conf/ (else dvc repro stops)."""
+    from reprotrain.project import conf_digest
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert params["conf_digest"] == conf_digest(ROOT / "conf")
