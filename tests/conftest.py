@@ -104,3 +104,64 @@ def train(
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+BIN = Path(PYTHON).parent
+
+
+def sh(
+    repo: Path,
+    *args: str,
+    check: bool = True,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a command in `repo` with the project's venv first on PATH (as after activation)."""
+    env = env or child_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", DVC_NO_ANALYTICS="1")
+    result = subprocess.run(
+        args, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert result.returncode == 0, f"{args}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def copy_project(dest: Path) -> Path:
+    """The files git would hold (tracked and new, not ignored), without run outputs."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file() and not name.startswith(("results/", "data/")):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def compose_params(repo: Path, *overrides: str) -> None:
+    """What `dvc exp run` does to params.yaml (DVC's own function), done once for the copy."""
+    code = (
+        "import sys; from dvc.utils.hydra import compose_and_dump; "
+        "compose_and_dump('params.yaml', sys.argv[1], None, 'config', '', sys.argv[2:])"
+    )
+    sh(repo, PYTHON, "-c", code, str(repo / "conf"), *overrides)
+
+
+def make_project(dest: Path, runtime: str) -> Path:
+    """A git repository copied from the project, set up for smoke-sized runs on `runtime`."""
+    repo = copy_project(dest)
+    config = repo / "conf" / "config.yaml"
+    text = config.read_text().replace("  - runtime: auto", f"  - runtime: {runtime}")
+    config.write_text(text.replace("  - experiment: null", "  - experiment: smoke"))
+    compose_params(repo)
+    sh(repo, "git", "init", "-q")
+    sh(repo, "git", "config", "user.name", "reprotrain-test")
+    sh(repo, "git", "config", "user.email", "test@reprotrain.invalid")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "project copy")
+    return repo

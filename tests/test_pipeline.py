@@ -4,75 +4,18 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT, Store, child_env
-
-BIN = Path(sys.executable).parent
-
-
-def sh(
-    repo: Path, *args: str, check: bool = True, timeout: float = 600
-) -> subprocess.CompletedProcess:
-    env = child_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", DVC_NO_ANALYTICS="1")
-    result = subprocess.run(
-        args, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if check:
-        assert result.returncode == 0, f"{args}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
-def copy_project(dest: Path) -> Path:
-    """The files git would hold (tracked and new, not ignored), as a fresh repository."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in filter(None, listed.split("\0")):
-        source = ROOT / name
-        if source.is_file() and not name.startswith(("results/", "data/")):
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    return dest
-
-
-def compose_params(repo: Path, *overrides: str) -> None:
-    """What `dvc exp run` does to params.yaml, done once to set up the copy."""
-    code = (
-        "import sys; from dvc.utils.hydra import compose_and_dump; "
-        "compose_and_dump('params.yaml', sys.argv[1], None, 'config', '', sys.argv[2:])"
-    )
-    sh(repo, sys.executable, "-c", code, str(repo / "conf"), *overrides)
+from conftest import ROOT, Store, make_project, sh
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    repo = copy_project(tmp_path / "project")
-    config = repo / "conf" / "config.yaml"
-    text = config.read_text().replace("  - runtime: auto", "  - runtime: local")
-    config.write_text(text.replace("  - experiment: null", "  - experiment: smoke"))
-    compose_params(repo)
-    for step in (
-        ["git", "init", "-q"],
-        ["git", "add", "-A"],
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
-    ):
-        sh(repo, *step)
-    sh(repo, "git", "config", "user.name", "t")
-    sh(repo, "git", "config", "user.email", "t@t")
-    return repo
+    return make_project(tmp_path / "project", runtime="local")
 
 
 def store_of(repo: Path) -> Store:
@@ -91,6 +34,7 @@ def test_repro_runs_once_then_is_a_no_op(repo: Path) -> None:
     data_md5 = lock["stages"]["prepare"]["outs"][0]["md5"]
     assert tags["dvc.stage"] == "train" and tags["data.hash"] == data_md5
     assert tags["git.commit"] == sh(repo, "git", "rev-parse", "HEAD").stdout.strip()
+    assert tags["git.dirty"] == "false"  # dvc.lock and outputs changing during repro don't count
     metrics = json.loads((repo / "results" / "metrics.json").read_text())
     assert metrics["run_id"] == run.info.run_id
     assert "eval/accuracy" in store.client.get_run(run.info.run_id).data.metrics
@@ -218,6 +162,18 @@ def test_corrupt_prepared_data_is_a_clear_error_from_train(repo: Path) -> None:
     output = result.stdout + result.stderr
     assert "corrupt or truncated" in output and "Traceback" not in output
     assert "RUNNING" not in store_of(repo).statuses()
+
+
+def test_dockerfile_or_lock_change_reruns_train(repo: Path) -> None:
+    sh(repo, "dvc", "repro")
+    for name in ("Dockerfile.cpu", "requirements.lock"):
+        path = repo / name
+        original = path.read_text()
+        path.write_text(original + "# changed\n")
+        status = sh(repo, "dvc", "status").stdout
+        assert "train:" in status and name in status and "prepare:" not in status
+        path.write_text(original)
+    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status").stdout
 
 
 def test_committed_params_yaml_matches_conf() -> None:

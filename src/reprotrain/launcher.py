@@ -68,6 +68,15 @@ def image_kind(config: Config) -> str:
             hint="use runtime=local on the Mac, or device=cpu",
         )
     if config.device.type == "cuda":
+        if not host_has_docker_gpus():  # say so now, not after building a 4 GB image
+            raise RuntimeEnvError(
+                "device=cuda with runtime=docker, but Docker on this host cannot hand NVIDIA GPUs "
+                "to containers (nvidia-smi lists none, or no NVIDIA Container Toolkit: "
+                '`docker run --gpus all` fails with: could not select device driver "" with '
+                "capabilities: [[gpu]])",
+                hint="install the NVIDIA Container Toolkit and restart Docker, or use device=cpu "
+                "or runtime=local",
+            )
         return "cuda"
     if config.device.type == "auto" and host_has_docker_gpus():
         return "cuda"
@@ -86,7 +95,7 @@ def run_in_docker(config: Config) -> None:
     if config.tracking.enabled:
         check_store(uri, config.tracking.connect_timeout_s)
         prepare_store(uri)
-        run_id = create_run(config, uri)
+        run_id = create_run(config, uri, kind)
     commit, dirty = git_state(root)
     config_file = write_launch_config(root, config)
     env = {
@@ -125,12 +134,13 @@ def run_in_docker(config: Config) -> None:
         shm_size=config.runtime.shm_size,
         cpus=config.runtime.cpus,
     )
+    code = 1  # if run_container itself fails, the run still ends FAILED
     try:
         code = run_container(command, kind=kind)
     finally:
         config_file.unlink(missing_ok=True)
         if run_id:
-            end_if_running(uri, run_id, code if "code" in locals() else 1)
+            end_if_running(uri, run_id, code)
     if code != 0:
         raise RuntimeEnvError(
             f"the training container ({image.tag}) exited with code {code}",
@@ -150,7 +160,7 @@ def write_launch_config(root: Path, config: Config) -> Path:
     return path
 
 
-def create_run(config: Config, uri: str) -> str:
+def create_run(config: Config, uri: str, kind: str) -> str:
     """Create the run on the host, so a container killed outright still leaves a status."""
     from mlflow.tracking import MlflowClient
 
@@ -158,7 +168,7 @@ def create_run(config: Config, uri: str) -> str:
 
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, config.tracking.experiment)
-    name = config.tracking.run_name or f"{config.model.name}-{config.optimizer.name}-docker"
+    name = config.tracking.run_name or f"{config.model.name}-{config.optimizer.name}-docker-{kind}"
     return client.create_run(experiment_id, run_name=name).info.run_id
 
 

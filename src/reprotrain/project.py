@@ -82,7 +82,11 @@ def git_state(root: Path) -> tuple[str, str]:
         return commit, dirty
     try:
         commit = _git(root, "rev-parse", "HEAD") or "none"
-        dirty = "true" if _git(root, "status", "--porcelain", "--untracked-files=no") else "false"
+        # dvc.lock and the pipeline's outputs change during every `dvc repro` itself;
+        # "dirty" means the code or config differs from the commit.
+        changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                       ":!dvc.lock", ":!results", ":!data")
+        dirty = "true" if changed else "false"
     except (OSError, subprocess.SubprocessError):
         return "none", "unknown"
     return commit, dirty

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# GPU check: run on a machine with an NVIDIA GPU, after scripts/setup.sh (or with PYTHON set to
+# an interpreter that has reprotrain's dependencies and a CUDA build of torch).
+#
+#   scripts/gpu-check.sh              # CUDA vs CPU smoke runs, the gpu tests, the benchmark + crossover
+#   scripts/gpu-check.sh --docker     # also build the CUDA image and train in it with --gpus all
+#
+# Prints the figures the README's GPU section quotes; writes everything under results/gpu-check/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-.venv/bin/python}"
+OUT="${OUT:-results/gpu-check}"
+mkdir -p "$OUT"
+STORE="sqlite:///$(pwd)/$OUT/mlflow.db"
+say() { printf '\n== gpu-check: %s\n' "$*"; }
+
+say "machine"
+date -u +%Y-%m-%dT%H:%MZ
+nvidia-smi -L || { echo "gpu-check: nvidia-smi lists no GPU; this script needs one" >&2; exit 1; }
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; \
+print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+
+say "smoke runs: device=cuda and device=cpu, side by side"
+for device in cuda cpu; do
+    "$PY" -m reprotrain.train runtime=local device="$device" data.num_samples=8192 \
+        train.steps=300 train.progress=lines tracking.uri="$STORE" \
+        tracking.run_name="gpu-check-$device" train.output_dir="$OUT/$device"
+done
+"$PY" - "$STORE" "$OUT" <<'PYCHECK'
+import json, sys
+import torch
+from mlflow.tracking import MlflowClient
+store, out = sys.argv[1], sys.argv[2]
+client = MlflowClient(store)
+runs = {}
+for device in ("cuda", "cpu"):
+    metrics = json.load(open(f"{out}/{device}/metrics.json"))
+    run = client.get_run(metrics["run_id"])
+    assert run.info.status == "FINISHED", run.info.status
+    runs[device] = (run, metrics)
+name = runs["cuda"][0].data.tags["device.name"]
+assert name == torch.cuda.get_device_name(0), (name, torch.cuda.get_device_name(0))
+print(f"cuda run's device.name: {name} (matches torch.cuda.get_device_name(0))")
+print(f"{'device':<6} {'step ms (median)':>17} {'samples/s':>12} {'to-device ms':>13} {'val acc':>8}")
+for device, (run, m) in runs.items():
+    print(f"{device:<6} {m['step_ms_median']:>17.3f} {m['samples_per_s']:>12,.0f} "
+          f"{m['data_to_device_ms_mean']:>13.4f} {m['val_accuracy']:>8.3f}")
+ratio = runs["cpu"][1]["step_ms_median"] / runs["cuda"][1]["step_ms_median"]
+print(f"cuda step is {ratio:.2f}x the speed of the cpu step at batch 64 (reference MLP)")
+PYCHECK
+
+say "tests marked gpu"
+"$PY" -m pytest -m gpu -q
+
+say "benchmark and CPU-vs-GPU crossover study"
+timeout 300 "$PY" -m reprotrain.bench --devices cpu,cuda --crossover --no-dvc \
+    --json "$OUT/bench.json" --tracking-uri "$STORE"
+
+if [ "${1:-}" = "--docker" ]; then
+    say "CUDA image, trained with docker run --gpus all"
+    docker build -f Dockerfile.cuda -t reprotrain:cuda .
+    docker image ls reprotrain:cuda --format 'reprotrain:cuda {{.Size}}'
+    docker run --rm --gpus all --user "$(id -u):$(id -g)" -e HOME=/tmp \
+        -v "$(pwd):$(pwd)" -w "$(pwd)" -e MLFLOW_TRACKING_URI="$STORE" \
+        reprotrain:cuda python -m reprotrain.train device=cuda experiment=smoke \
+        train.output_dir="$OUT/docker-cuda"
+    "$PY" -c "import json; m = json.load(open('$OUT/docker-cuda/metrics.json')); \
+print('docker-cuda run', m['run_id'], m['device_name'])"
+fi
+say "done: figures above, files in $OUT"

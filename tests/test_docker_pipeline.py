@@ -1,0 +1,361 @@
+"""The training stage inside the CPU container, end to end: `dvc repro` as a non-root user,
+the run read back from the host's store, browsed in the host's `mlflow ui` with Chromium."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    BIN,
+    PYTHON,
+    ROOT,
+    Store,
+    _capability_skip,
+    child_env,
+    make_project,
+    require_chromium,
+    sh,
+)
+
+pytestmark = pytest.mark.docker
+
+USER = "reprotrain-ci"
+SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
+
+
+def require_docker() -> None:
+    from reprotrain.containers import engine_status
+
+    status = engine_status()
+    if not status.available:
+        if os.environ.get("REPROTRAIN_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"REPROTRAIN_REQUIRE_DOCKER=1 but Docker is not usable: {status.reason}")
+        pytest.skip(f"needs a Docker engine: {status.reason}")
+
+
+def non_root_user() -> pwd.struct_passwd:
+    """A non-root user in the docker group, created for the test (needs root to create)."""
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        pytest.skip(f"creating the test user {USER!r} needs root")
+    subprocess.run(["useradd", "--create-home", "--uid", "1234", USER], check=True)
+    subprocess.run(["usermod", "-aG", "docker", USER], check=True)
+    user = pwd.getpwnam(USER)
+    probe = subprocess.run(["runuser", "-u", USER, "--", PYTHON, "-c", "import reprotrain"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        _capability_skip(f"user {USER!r} cannot run {PYTHON} ({probe.stderr.strip()[-200:]}); "
+                         "make the interpreter's folders traversable (e.g. chmod o+x /root)")
+    return user
+
+
+def as_user(
+    user: pwd.struct_passwd, repo: Path, *args: str, timeout: float = 1500, check: bool = True
+) -> subprocess.CompletedProcess:
+    env = child_env(
+        PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        DVC_NO_ANALYTICS="1",
+        HOME=user.pw_dir,
+        USER=user.pw_name,
+    )
+    command = [
+        "runuser",
+        "-u",
+        user.pw_name,
+        "--",
+        "env",
+        *[f"{k}={v}" for k, v in env.items()],
+        *args,
+    ]
+    result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert result.returncode == 0, f"{args}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def docker_project() -> Iterator[tuple[Path, pwd.struct_passwd, subprocess.CompletedProcess]]:
+    """`dvc repro` with runtime=docker in a fresh clone owned by a non-root user."""
+    require_docker()
+    user = non_root_user()
+    base = Path(tempfile.mkdtemp(prefix="reprotrain-docker-"))
+    base.chmod(0o755)
+    repo = make_project(base / "project", runtime="docker")
+    subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(base)], check=True)
+    result = as_user(user, repo, "dvc", "repro")
+    yield repo, user, result
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_repro_trains_inside_the_cpu_container(docker_project) -> None:
+    repo, user, result = docker_project
+    assert "Running stage 'train'" in result.stdout
+    run = Store(repo).only_run()
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["runtime"] == "docker-cpu"
+    assert tags["image.id"].startswith("sha256:")
+    assert (
+        tags["image.id"]
+        in subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Id}}", "reprotrain:cpu"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert tags["device.type"] == "cpu" and tags["dvc.stage"] == "train"
+    assert tags["git.commit"] == as_user(user, repo, "git", "rev-parse", "HEAD").stdout.strip()
+    assert len(Store(repo).losses(run.info.run_id)) == 20  # experiment=smoke
+
+
+def test_every_file_the_stage_wrote_belongs_to_the_user(docker_project) -> None:
+    repo, user, _ = docker_project
+    written = [
+        repo / "mlflow.db",
+        *(repo / "results").iterdir(),
+        *(repo / "mlruns").rglob("*"),
+        repo / "data" / "dataset.npz",
+    ]
+    owners = {path: path.lstat().st_uid for path in written}
+    assert written and all(uid == user.pw_uid for uid in owners.values()), owners
+
+
+def test_second_repro_reuses_the_image_and_does_nothing(docker_project) -> None:
+    repo, user, _ = docker_project
+    again = as_user(user, repo, "dvc", "repro")
+    assert "Data and pipelines are up to date" in again.stdout
+    assert len(Store(repo).runs()) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_ui(docker_project) -> Iterator[str]:
+    """`mlflow ui` on 127.0.0.1 over the store the container wrote, in its own process group."""
+    repo, _, _ = docker_project
+    port = free_port()
+    # The README's command: given no store, `mlflow ui` opens ./mlflow.db, reprotrain's default.
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "ui", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=repo,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its worker processes
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_host_ui_serves_the_containers_artifacts(docker_project, mlflow_ui: str) -> None:
+    repo, _, _ = docker_project
+    run_id = Store(repo).only_run().info.run_id
+    url = f"{mlflow_ui}/get-artifact?path=loss.png&run_uuid={run_id}"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.status == 200
+        assert response.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.browser
+def test_run_page_in_chromium_shows_device_loss_chart_and_artifacts(
+    docker_project, mlflow_ui: str
+) -> None:
+    chromium = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    repo, _, _ = docker_project
+    run = Store(repo).only_run()
+    page_url = f"{mlflow_ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    flags = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=flags)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(page_url)
+        page.get_by_text(run.data.tags["device.name"]).first.wait_for(timeout=60_000)
+        overview = page.inner_text("body")
+        assert run.info.run_name in overview and "docker-cpu" in overview
+        page.screenshot(path=str(SCREENSHOTS / "mlflow-run-overview.png"))
+
+        page.goto(f"{page_url}/model-metrics")
+        page.get_by_placeholder("Search metric charts").fill("train/loss")
+        chart = page.locator(".js-plotly-plot svg.main-svg").first
+        chart.wait_for(timeout=60_000)
+        assert "loss" in page.inner_text("body")
+        page.screenshot(path=str(SCREENSHOTS / "mlflow-run-loss.png"))
+
+        page.goto(f"{page_url}/artifacts")
+        page.get_by_text("model.pt").first.wait_for(timeout=60_000)
+        listing = page.inner_text("body")
+        assert all(name in listing for name in ("loss.png", "config.yaml", "loss.csv"))
+        page.screenshot(path=str(SCREENSHOTS / "mlflow-run-artifacts.png"))
+        browser.close()
+
+
+@pytest.mark.parametrize("how,status,code", [("kill", "KILLED", 137), ("stop", "KILLED", 143)])
+def test_container_stopped_mid_run_ends_the_run(
+    tmp_path: Path, how: str, status: str, code: int
+) -> None:
+    require_docker()
+    from reprotrain.tracking import prepare_store
+
+    repo = make_project(tmp_path / "project", runtime="docker")
+    store = Store(repo)
+    prepare_store(store.uri)
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.train",
+            "train.steps=1000000",
+            "train.log_every=10",
+            "tracking.flush_every_s=0.2",
+            "data.num_samples=2048",
+        ],
+        cwd=repo,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 900  # the first call may build the image
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            runs = store.runs()
+            if runs and len(store.losses(runs[0].info.run_id)) >= 30:
+                break
+            time.sleep(0.5)
+        names = subprocess.run(
+            ["docker", "ps", "--filter", "name=reprotrain-cpu-", "--format", "{{.Names}}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert len(names) == 1, names
+        subprocess.run(["docker", how, names[0]], check=True, capture_output=True)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert f"exited with code {code}" in stderr and "Traceback" not in stderr
+    run = store.only_run()
+    assert run.info.status == status
+    assert len(store.losses(run.info.run_id)) >= 30  # the metrics sent before the end are kept
+
+
+def test_runtime_docker_without_an_engine_is_a_clear_error(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.train",
+            "runtime=docker",
+            "experiment=smoke",
+            f"tracking.uri={store.uri}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "runtime=docker but Docker is not usable" in result.stderr
+
+
+def test_runtime_auto_without_an_engine_warns_once_and_trains_here(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.train",
+            "experiment=smoke",
+            f"tracking.uri={store.uri}",
+            f"train.output_dir={tmp_path / 'results'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("reprotrain: warning:") == 1
+    assert store.only_run().data.tags["runtime"] == "local"
+
+
+def test_cuda_in_docker_without_the_toolkit_says_how_to_fix_it(tmp_path: Path) -> None:
+    require_docker()
+    from reprotrain.containers import host_has_docker_gpus
+
+    if host_has_docker_gpus():
+        pytest.skip("this host can hand GPUs to Docker; the failure cannot happen here")
+    store = Store(tmp_path)
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.train",
+            "runtime=docker",
+            "device=cuda",
+            "experiment=smoke",
+            f"tracking.uri={store.uri}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert (
+        "NVIDIA Container Toolkit" in result.stderr
+        and "could not select device driver" in result.stderr
+    )
+    assert not store.path.exists() or "RUNNING" not in store.statuses()

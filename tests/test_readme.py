@@ -1,0 +1,164 @@
+"""The README is true: every command it shows is run by a test (or, for a GPU, by
+scripts/gpu-check.sh), and the cheap ones are run here exactly as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, ROOT, Store, child_env, make_project, sh
+
+README = (ROOT / "README.md").read_text()
+
+# command as the README shows it -> where it is exercised
+COVERED = {
+    "scripts/setup.sh && . .venv/bin/activate && dvc repro": ".ci/run (setup) + test_pipeline::test_repro_runs_once_then_is_a_no_op",
+    "scripts/setup.sh && . .venv/bin/activate && pytest": ".ci/run",
+    "mlflow ui --host 127.0.0.1 --port 5000": "test_docker_pipeline::mlflow_ui (same command, a free port)",
+    "python -m reprotrain.train": "test_readme::test_plain_train_command",
+    "python -m reprotrain.train device=cpu optimizer=sgd optimizer.lr=3e-4 model=mlp_wide": "test_train::test_overrides_reach_the_run",
+    "python -m reprotrain.train experiment=smoke": "test_train::test_smoke_run_records_every_key",
+    "python -m reprotrain.train data=digits train.steps=300": "test_readme::test_digits_command",
+    "python -m reprotrain.train --multirun optimizer=adamw,sgd train.batch_size=32,256": "test_train::test_multirun_groups_runs_under_a_parent",
+    "python -m reprotrain.train --cfg job": "test_train::test_cfg_job_prints_the_composed_config",
+    "python -m reprotrain.train optimizer.lr=-1": "test_bad_input::test_bad_input_is_one_clear_line",
+    "python -m reprotrain.train device=cuda": "test_bad_input::test_bad_input_is_one_clear_line",
+    "dvc repro": "test_pipeline::test_repro_runs_once_then_is_a_no_op",
+    "dvc exp run -S optimizer=sgd -S optimizer.lr=0.01": "test_readme::test_exp_commands",
+    "dvc exp run -S 'optimizer=adamw,sgd' -S 'train.batch_size=32,256' --queue": "test_pipeline::test_queued_sweep_runs_each_point_into_the_project_store",
+    "dvc queue start": "test_pipeline::test_queued_sweep_runs_each_point_into_the_project_store",
+    "dvc exp show": "test_readme::test_exp_commands",
+    "dvc metrics diff": "test_readme::test_exp_commands",
+    "dvc plots show": "test_pipeline::test_metrics_and_plots_show",
+    "dvc dag": "test_pipeline::test_metrics_and_plots_show",
+    "docker build -f Dockerfile.cpu -t reprotrain:cpu .": "test_containers (ensure_image runs this build, plus CI's base-image args)",
+    "docker run --rm reprotrain:cpu python -m reprotrain.train experiment=smoke": "test_readme::test_docker_run_by_hand",
+    "docker run --rm --gpus all reprotrain:cuda python -m reprotrain.train device=cuda": "scripts/gpu-check.sh --docker",
+    "python -m reprotrain.bench --quick": "test_bench",
+    "python -m reprotrain.bench": "test_bench (quick mode in CI; full mode by hand)",
+    "python benchmarks/tracking_overhead.py": "test_bench (--quick)",
+    "scripts/build-base-image.sh": ".ci/run",
+    'export REPROTRAIN_BASE_IMAGE=reprotrain-base:bookworm REPROTRAIN_BUILD_FLAGS="--network host"': ".ci/run",
+    "pytest": ".ci/run",
+    'pytest -m "not docker and not slow"': "test_readme::test_marker_selection_collects",
+    "ruff check src tests benchmarks && ruff format --check src tests benchmarks": ".ci/run",
+    "hadolint Dockerfile.cpu Dockerfile.cuda": ".ci/run + test_containers",
+}
+
+
+def readme_commands() -> list[str]:
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        for line in block.splitlines():
+            command = re.sub(r"\s+#.*$", "", line).strip()
+            if command and not command.startswith("#"):
+                commands.append(command)
+    for line in re.findall(r"^\$ (.+)$", README, flags=re.M):
+        commands.append(line.strip())
+    return commands
+
+
+def test_every_readme_command_is_exercised() -> None:
+    missing = [c for c in readme_commands() if c not in COVERED]
+    assert not missing, f"README commands no test exercises: {missing}"
+    tests = {p.stem: p.read_text() for p in (ROOT / "tests").glob("test_*.py")}
+    for where in COVERED.values():
+        for module, name in re.findall(r"(test_\w+)::(\w+)", where):
+            assert f"def {name}(" in tests[module], f"{module}::{name} does not exist"
+
+
+def test_plain_train_command(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    result = subprocess.run(
+        [str(BIN / "python"), "-m", "reprotrain.train"],
+        cwd=tmp_path,
+        env=child_env(MLFLOW_TRACKING_URI=store.uri),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = store.only_run()
+    assert run.data.params["train.steps"] == "500" and run.data.params["model.name"] == "mlp"
+    assert len(store.losses(run.info.run_id)) == 500
+
+
+def test_digits_command(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    result = subprocess.run(
+        [
+            str(BIN / "python"),
+            "-m",
+            "reprotrain.train",
+            "data=digits",
+            "train.steps=300",
+            "runtime=local",
+        ],
+        cwd=tmp_path,
+        env=child_env(MLFLOW_TRACKING_URI=store.uri),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = store.only_run()
+    assert run.data.params["data.num_features"] == "64" and run.data.metrics["val/accuracy"] > 0.9
+
+
+def test_exp_commands(tmp_path: Path) -> None:
+    repo = make_project(tmp_path / "project", runtime="local")
+    sh(repo, "dvc", "repro")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "baseline")
+    sh(repo, "dvc", "exp", "run", "-S", "optimizer=sgd", "-S", "optimizer.lr=0.01")
+    run = Store(repo).runs()[0]
+    assert run.data.params["optimizer.name"] == "sgd" and run.data.params["optimizer.lr"] == "0.01"
+    shown = sh(repo, "dvc", "exp", "show", "--no-pager").stdout
+    assert run.data.tags["dvc.exp_name"] in shown and "optimizer.lr" in shown
+    diff = sh(repo, "dvc", "metrics", "diff").stdout
+    assert "results/metrics.json" in diff and "val_accuracy" in diff
+
+
+@pytest.mark.docker
+def test_docker_run_by_hand() -> None:
+    from test_docker_pipeline import require_docker
+
+    require_docker()
+    from reprotrain.containers import ensure_image
+
+    ensure_image("cpu", ROOT)  # the friendly tag reprotrain:cpu points at the current build
+    result = subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "reprotrain:cpu",
+            "python",
+            "-m",
+            "reprotrain.train",
+            "experiment=smoke",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 20/20" in result.stderr
+
+
+def test_marker_selection_collects() -> None:
+    result = subprocess.run(
+        [str(BIN / "pytest"), "-m", "not docker and not slow", "--collect-only", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "test_docker_pipeline.py::test_repro_trains" not in result.stdout
+    assert "test_train.py::test_smoke_run_records_every_key" in result.stdout
