@@ -26,7 +26,6 @@ from conftest import (
     child_env,
     make_project,
     require_chromium,
-    sh,
 )
 
 pytestmark = pytest.mark.docker
@@ -56,11 +55,16 @@ def non_root_user() -> pwd.struct_passwd:
     subprocess.run(["useradd", "--create-home", "--uid", "1234", USER], check=True)
     subprocess.run(["usermod", "-aG", "docker", USER], check=True)
     user = pwd.getpwnam(USER)
-    probe = subprocess.run(["runuser", "-u", USER, "--", PYTHON, "-c", "import reprotrain"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["runuser", "-u", USER, "--", PYTHON, "-c", "import reprotrain"],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
-        _capability_skip(f"user {USER!r} cannot run {PYTHON} ({probe.stderr.strip()[-200:]}); "
-                         "make the interpreter's folders traversable (e.g. chmod o+x /root)")
+        _capability_skip(
+            f"user {USER!r} cannot run {PYTHON} ({probe.stderr.strip()[-200:]}); "
+            "make the interpreter's folders traversable (e.g. chmod o+x /root)"
+        )
     return user
 
 

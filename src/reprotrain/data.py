@@ -12,6 +12,7 @@ either to an .npz file that DVC versions; training can read that file back (`dat
 from __future__ import annotations
 
 import hashlib
+import itertools
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -183,12 +184,13 @@ class Batches:
         if not resident and device.type == "cuda":
             self.x, self.y = self.x.pin_memory(), self.y.pin_memory()  # lets copies overlap compute
         self.batch_size = batch_size
-        self.batches_per_epoch = (
-            n // batch_size
-        )  # drop the ragged tail: every step sees a full batch
+        # Drop the ragged tail: every step sees a full batch.
+        self.batches_per_epoch = n // batch_size
         self.generator = torch.Generator().manual_seed(seed)
 
-    def epochs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epochs(self, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(skip):  # the orders those epochs would have had: same RNG draws
+            torch.randperm(self.x.shape[0], generator=self.generator)
         while True:
             order = torch.randperm(self.x.shape[0], generator=self.generator).to(self.x.device)
             x_epoch, y_epoch = self.x[order], self.y[order]  # one gather per epoch, then views
@@ -198,9 +200,10 @@ class Batches:
                 window = slice(i * self.batch_size, (i + 1) * self.batch_size)
                 yield x_epoch[window], y_epoch[window]
 
-    def take(self, steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _, batch in zip(range(steps), self.epochs(), strict=False):
-            yield batch
+    def take(self, steps: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches for steps start+1..steps: a resumed run sees what an uninterrupted one would."""
+        epoch, position = divmod(start, self.batches_per_epoch)
+        return itertools.islice(self.epochs(skip=epoch), position, position + steps - start)
 
 
 def fits_on_device(dataset: Dataset, device: torch.device) -> bool:

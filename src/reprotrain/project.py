@@ -84,8 +84,17 @@ def git_state(root: Path) -> tuple[str, str]:
         commit = _git(root, "rev-parse", "HEAD") or "none"
         # dvc.lock and the pipeline's outputs change during every `dvc repro` itself;
         # "dirty" means the code or config differs from the commit.
-        changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".",
-                       ":!dvc.lock", ":!results", ":!data")
+        changed = _git(
+            root,
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!dvc.lock",
+            ":!results",
+            ":!data",
+        )
         dirty = "true" if changed else "false"
     except (OSError, subprocess.SubprocessError):
         return "none", "unknown"

@@ -95,6 +95,8 @@ class TrainConfig:
     progress: str = "auto"
     resident_data: str = "auto"  # auto, true, false
     threads: str = "auto"  # auto or a positive integer
+    checkpoint_every: int = 100  # steps between checkpoints (0: only when stopped)
+    resume: str | None = None  # an MLflow run id, or "last", to continue from its checkpoint
 
 
 @dataclass
@@ -166,6 +168,7 @@ RANGES: dict[str, tuple[Any, str]] = {
     "train.batch_size": _AT_LEAST_1,
     "train.log_every": _AT_LEAST_1,
     "train.warmup_steps": _NON_NEGATIVE,
+    "train.checkpoint_every": _NON_NEGATIVE,
     "train.progress": (lambda v: v in PROGRESS_MODES, "one of " + ", ".join(PROGRESS_MODES)),
     "train.resident_data": (
         lambda v: v.lower() in ("auto", "true", "false"),

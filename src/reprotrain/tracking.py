@@ -37,11 +37,30 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def raise_on_sigterm() -> None:
-    def handler(signum: int, _frame: FrameType | None) -> None:
+class GracefulStop:
+    """SIGINT/SIGTERM during the training loop stop it at the next step boundary (so the
+    losses so far are sent and a checkpoint is written); anywhere else, or a second
+    signal, they stop the process at once. Either way the run ends KILLED."""
+
+    def __init__(self) -> None:
+        self.in_loop = False
+        self.requested: int | None = None
+
+    def install(self) -> GracefulStop:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.in_loop and self.requested is None:
+            self.requested = signum
+            return
         raise Interrupted(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    def check(self) -> None:
+        """Called between steps: raise if a stop was asked for."""
+        if self.requested is not None:
+            raise Interrupted(self.requested)
 
 
 def check_store(uri: str, timeout_s: float) -> None:
@@ -152,7 +171,9 @@ class TrackedRun:
         tags: dict[str, str],
         params: dict[str, Any],
         flush_every_s: float = 5.0,
+        resume_run_id: str = "",
     ) -> None:
+        self.resume_run_id = resume_run_id
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.tags, self.params, self.flush_every_s = tags, params, flush_every_s
         self.run_id = ""
@@ -162,8 +183,11 @@ class TrackedRun:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(self.uri)
-        self.run_id = os.environ.get(RUN_ID_ENV, "")
-        if not self.run_id:
+        self.run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "")
+        if self.resume_run_id:  # a resumed run continues the same MLflow run
+            self.client.update_run(self.run_id, status="RUNNING")
+            self.params = {}  # logged when it started; MLflow params cannot change
+        elif not self.run_id:
             experiment_id = ensure_experiment(self.client, self.experiment)
             self.run_id = self.client.create_run(experiment_id, run_name=self.run_name).info.run_id
         tags = [RunTag(k, str(v)) for k, v in self.tags.items()]

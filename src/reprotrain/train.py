@@ -32,6 +32,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from reprotrain import __version__, overrides
+from reprotrain.checkpoint import (
+    checkpoint_path,
+    find_checkpoint,
+    fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from reprotrain.data import Batches, Dataset, file_md5, fits_on_device, load_dataset
 from reprotrain.devices import available_cpus, describe_device, resolve_device, synchronize
 from reprotrain.errors import ConfigError, UserError, report_and_exit
@@ -49,12 +56,12 @@ from reprotrain.schema import Config, as_dict, flatten, validate
 from reprotrain.step import evaluate, move_batch_to_device, train_step
 from reprotrain.timing import PHASES, PhaseClock, TimingSummary
 from reprotrain.tracking import (
+    GracefulStop,
     Interrupted,
     NoRun,
     TrackedRun,
     check_store,
     prepare_store,
-    raise_on_sigterm,
 )
 
 
@@ -69,7 +76,8 @@ def run(config: Config, runtime: str = "local") -> dict[str, Any]:
     if config.tracking.enabled:
         check_store(uri, config.tracking.connect_timeout_s)
         prepare_store(uri)
-    raise_on_sigterm()  # SIGTERM ends the run KILLED, like Ctrl-C
+    stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
+    resume_from = load_resume_point(config)
     info = describe_device(device)
     tags = {**info.as_tags(), **run_tags(config, dataset, runtime)}
     name = config.tracking.run_name or f"{config.model.name}-{config.optimizer.name}-{device.type}"
@@ -81,12 +89,13 @@ def run(config: Config, runtime: str = "local") -> dict[str, Any]:
             tags,
             flatten(as_dict(config)),
             config.tracking.flush_every_s,
+            resume_run_id=resume_from["run_id"] if resume_from else "",
         )
         if config.tracking.enabled
         else NoRun()
     )
     with tracker as tracked:
-        result = fit(config, device, dataset, tracked)
+        result = fit(config, device, dataset, tracked, stop=stop, resume_from=resume_from)
         result.update(
             run_id=tracked.run_id,
             tracking_uri=uri if config.tracking.enabled else None,
@@ -97,7 +106,29 @@ def run(config: Config, runtime: str = "local") -> dict[str, Any]:
     return result
 
 
-def fit(config: Config, device: torch.device, dataset: Dataset, tracked: Any) -> dict[str, Any]:
+def load_resume_point(config: Config) -> dict[str, Any] | None:
+    if not config.train.resume:
+        return None
+    path = find_checkpoint(config.train.output_dir, config.train.resume)
+    state = load_checkpoint(path, fingerprint(config))
+    total = config.train.steps or 0
+    if config.train.steps is not None and state["step"] >= total:
+        raise ConfigError(
+            f"train.resume={config.train.resume!r}: the checkpoint is at step {state['step']}, "
+            f"which already reaches train.steps={total}",
+            hint=f"raise train.steps above {state['step']} to train further",
+        )
+    return state
+
+
+def fit(
+    config: Config,
+    device: torch.device,
+    dataset: Dataset,
+    tracked: Any,
+    stop: GracefulStop | None = None,
+    resume_from: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     train = config.train
     model = build_model(config.model, dataset.num_features, dataset.num_classes).to(device)  # once
     optimizer = build_optimizer(config.optimizer, model.parameters(), device)
@@ -107,50 +138,77 @@ def fit(config: Config, device: torch.device, dataset: Dataset, tracked: Any) ->
     )
     batches = Batches(dataset, train.batch_size, device, resident=resident, seed=train.seed)
     total = train.steps or train.epochs * batches.batches_per_epoch
-    clock, summary = PhaseClock(device), TimingSummary(train.warmup_steps)
+    start, losses = restore(resume_from, model, optimizer)
+    steps = list(range(1, start + 1))
+    warmup_end = start + train.warmup_steps
+    clock, summary = PhaseClock(device), TimingSummary(warmup_end)
     pending: list[torch.Tensor] = []
-    steps, losses = [], []
     progress = Progress(total, train.progress)
     startup_s = time.time() - psutil.Process().create_time()
     measure_from = None
+    saved_at = start
+    stop = stop or GracefulStop()
 
+    def save(step: int) -> None:
+        path = checkpoint_path(train.output_dir, tracked.run_id)
+        save_checkpoint(
+            path,
+            step=step,
+            model=model,
+            optimizer=optimizer,
+            losses=losses,
+            run_id=tracked.run_id,
+            fingerprint=fingerprint(config),
+        )
+
+    def record_window(step: int) -> None:
+        """Read the window's losses off the device and hand them to MLflow."""
+        values = torch.stack(pending).cpu().tolist()  # sync point: one read per log_every
+        first = step - len(pending) + 1
+        pending.clear()
+        check_finite(values, first, losses)
+        for offset, value in enumerate(values):
+            tracked.log_metric("train/loss", value, first + offset)
+        window = clock.drain()
+        for timed_step, phases in window:
+            summary.add(timed_step, phases)
+        # Sampled: one point per log window (its mean), not one per step. Each point costs
+        # MLflow's sqlite store ~0.2 ms, a sixth of a batch-64 CPU step.
+        window_ms = [phases["step"] for _, phases in window]
+        tracked.log_metric("time/step_ms", sum(window_ms) / len(window_ms), step)
+        steps.extend(range(first, step + 1))
+        losses.extend(values)
+        rate = train.batch_size / (summary.median("step") / 1e3) if summary.measured_steps else 0.0
+        progress.update(step, values[-1], rate)
+
+    step = start
+    stop.in_loop = True
     try:
-        for step, batch in enumerate(batches.take(total), start=1):
+        for step, batch in enumerate(batches.take(total, start=start), start=start + 1):
             clock.start_step()
             inputs, targets = move_batch_to_device(batch, device)  # every batch, inside the loop
             clock.mark("data_to_device")
             pending.append(train_step(model, inputs, targets, loss_fn, optimizer, mark=clock.mark))
             clock.end_step(step)
-            if step == train.warmup_steps:
+            if step == warmup_end:
                 synchronize(device)  # sync point: the throughput clock starts after warm-up
                 measure_from = time.perf_counter()
             if step % train.log_every == 0 or step == total:
-                values = torch.stack(pending).cpu().tolist()  # sync point: one read per log_every
-                first = step - len(pending) + 1
-                pending.clear()
-                check_finite(values, first, losses)
-                for offset, value in enumerate(values):
-                    tracked.log_metric("train/loss", value, first + offset)
-                window = clock.drain()
-                for timed_step, phases in window:
-                    summary.add(timed_step, phases)
-                # Sampled: one point per log window (its mean), not one per step. Each point
-                # costs MLflow's sqlite store ~0.2 ms, a sixth of a batch-64 CPU step.
-                window_ms = [phases["step"] for _, phases in window]
-                tracked.log_metric("time/step_ms", sum(window_ms) / len(window_ms), step)
-                steps.extend(range(first, step + 1))
-                losses.extend(values)
-                rate = (
-                    train.batch_size / (summary.median("step") / 1e3)
-                    if summary.measured_steps
-                    else 0.0
-                )
-                progress.update(step, values[-1], rate)
+                record_window(step)
+                if train.checkpoint_every and step - saved_at >= train.checkpoint_every:
+                    save(step)
+                    saved_at = step
+            if stop.requested is not None:  # a signal arrived: stop at this step boundary
+                if pending:
+                    record_window(step)
+                save(step)
+                stop.check()
     finally:
+        stop.in_loop = False
         progress.close()
     synchronize(device)  # sync point: all queued work is done before the clock stops
     loop_end = time.perf_counter()
-    measured = total - train.warmup_steps if measure_from is not None else total
+    measured = total - warmup_end if measure_from is not None else total - start
     elapsed = loop_end - (measure_from if measure_from is not None else loop_end)
     samples_per_s = measured * train.batch_size / elapsed if elapsed > 0 else float("nan")
 
@@ -177,6 +235,20 @@ def fit(config: Config, device: torch.device, dataset: Dataset, tracked: Any) ->
     result["_curve"] = (steps, losses)
     result["_model"] = model
     return result
+
+
+def restore(
+    state: dict[str, Any] | None, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[int, list[float]]:
+    """Load a checkpoint into the model and optimizer; return (step, losses so far)."""
+    if state is None:
+        return 0, []
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["step"], list(state["losses"])
 
 
 def check_finite(values: list[float], first_step: int, history: list[float]) -> None:

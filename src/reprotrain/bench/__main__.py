@@ -1,0 +1,237 @@
+"""Performance, measured side by side in one process (issue 5).
+
+    python -m reprotrain.bench --quick                       # CI size: a few dozen steps per point
+    python -m reprotrain.bench                               # full: more steps, start-up x3, crossover
+    python -m reprotrain.bench --devices cpu --batch-sizes 64,256 --json results/bench.json
+    python -m reprotrain.bench --quick --crossover           # add the CPU-vs-GPU crossover study
+    python -m reprotrain.bench --crossover-only --hidden-sizes 128,512
+
+For each device and batch size, on the reference MLP (784 -> 512 -> 10, AdamW lr 1e-3):
+    a      the course's loop as written: default AdamW, .to(device) per batch, loss.item() per step
+    b      reprotrain's fit() with full MLflow tracking (sqlite store, every step's loss)
+    c      reprotrain's fit() with tracking off
+    d      PyTorch Lightning with MLFlowLogger, logging the loss every step (the `bench` extra)
+    bound  forward, loss, backward only, on device-resident data: the ceiling for b
+plus the machine's fp32 matmul FLOP/s, the start-up time of `python -m reprotrain.train`, and
+`dvc repro` with nothing to do. Results: a table on stdout, results/bench.json, and an MLflow
+run in experiment `reprotrain-bench` (crossover points are its child runs).
+
+Timing rules: warm-up steps are left out; step times are medians; throughput is samples over the
+measured wall-clock window (b's window includes sending its buffered MLflow points, d's includes
+Lightning's per-step logger write); GPU work is synchronised before any clock is read; every
+variant sees the same data, the same initial weights and the same arithmetic (the same AdamW
+update, fused or not). Ratios are of samples/s; targets are issue 5's, checked on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reprotrain.bench.clock import peak_rss_mb
+from reprotrain.bench.crossover import (
+    crossover_markdown,
+    crossover_study,
+    gpu_absence,
+    log_crossover_children,
+    write_crossover_plot,
+)
+from reprotrain.bench.measure import measure_device
+from reprotrain.bench.reference import (
+    EXPERIMENT,
+    FULL,
+    HIDDEN,
+    LOG_EVERY,
+    LR,
+    QUICK,
+    SEED,
+    Plan,
+    bench_dataset,
+    samples_for,
+)
+from reprotrain.bench.report import check_targets, format_report, record, without_nan
+from reprotrain.bench.startup import dvc_repro_time, startup_time
+from reprotrain.devices import describe_device, resolve_device
+from reprotrain.errors import UserError, report_and_exit
+from reprotrain.outputs import write_json, write_text
+from reprotrain.project import default_tracking_uri, find_root, git_state
+from reprotrain.schema import flatten
+from reprotrain.tracking import RUN_ID_ENV, TrackedRun, check_store, prepare_store
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        run_bench(args)
+    except UserError as error:
+        report_and_exit(error)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m reprotrain.bench", description=__doc__.split("\n\n")[0]
+    )
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a few dozen steps per point (CI)")
+    size.add_argument("--full", action="store_true", help="more steps; the default")
+    parser.add_argument(
+        "--devices", default="auto", help="cpu,cuda,... (default: cpu + cuda where visible)"
+    )
+    parser.add_argument("--batch-sizes", type=int_list, default=[4, 64, 256, 1024, 4096])
+    parser.add_argument(
+        "--hidden-sizes", type=int_list, default=[128, 512, 2048], help="crossover study"
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path("results/bench.json"),
+        help="crossover files go next to it",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: $MLFLOW_TRACKING_URI or the project's mlflow.db",
+    )
+    parser.add_argument(
+        "--crossover",
+        action="store_true",
+        help="also run the CPU-vs-GPU crossover study (on in --full)",
+    )
+    parser.add_argument(
+        "--crossover-only", action="store_true", help="run only the crossover study"
+    )
+    parser.add_argument("--no-dvc", action="store_true", help="skip timing `dvc repro`")
+    return parser.parse_args(argv)
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers >= 1, e.g. 4,64,256")
+    return values
+
+
+def choose_devices(spec: str) -> list[torch.device]:
+    """`auto`: cpu plus cuda where visible. A device named explicitly must exist."""
+    if spec == "auto":
+        return [torch.device("cpu")] + (
+            [resolve_device("cuda")] if torch.cuda.is_available() else []
+        )
+    return [resolve_device(kind.strip()) for kind in spec.split(",") if kind.strip()]
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    # Imported here, not at the top: reprotrain.train loads Hydra, which --help does not need.
+    from reprotrain.train import seed_everything, set_threads
+
+    plan = QUICK if args.quick else FULL
+    devices = choose_devices(args.devices)
+    uri = args.tracking_uri or default_tracking_uri()
+    check_store(uri, 5.0)
+    prepare_store(uri)
+    os.environ.pop(RUN_ID_ENV, None)  # every run below is created here, none is handed in
+    set_threads("auto")
+    seed_everything(SEED, True, devices[-1])  # as train.run does: same global settings for all
+    crossover = args.crossover or args.crossover_only or plan is FULL
+    no_gpu = gpu_absence(devices)
+    settings = bench_settings(args, plan, devices, crossover)
+    out_dir = args.json.parent
+    with TrackedRun(
+        uri, EXPERIMENT, f"bench-{plan.mode}", run_tags(devices), flatten(settings)
+    ) as run:
+        report: dict[str, Any] = {
+            "schema": 1,
+            "settings": settings,
+            "absent": [f"cuda: {no_gpu}"] if no_gpu else [],
+            "devices": {},
+            "machine": {
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda or "none",
+                "devices": {d.type: describe_device(d).name for d in devices},
+            },
+        }
+        dataset = bench_dataset(max(args.batch_sizes))
+        with tempfile.TemporaryDirectory(prefix="reprotrain-bench-") as scratch:
+            workdir = Path(scratch)
+            if not args.crossover_only:
+                for device in devices:
+                    report["devices"][device.type] = measure_device(
+                        device, args.batch_sizes, plan, dataset, workdir, say
+                    )
+                report["targets"] = check_targets(report["devices"])
+                say("start-up of python -m reprotrain.train ...")
+                report["startup"] = startup_time(plan.startup_repeats, workdir)
+                report["dvc"] = dvc_repro_time(plan.dvc_repeats, not args.no_dvc)
+            if crossover:
+                study = crossover_study(
+                    devices, args.batch_sizes, args.hidden_sizes, plan, dataset, say
+                )
+                names = report["machine"]["devices"]
+                study["files"] = {
+                    "plot": str(write_crossover_plot(study, out_dir / "crossover.png")),
+                    "table": str(
+                        write_text(out_dir / "crossover.md", crossover_markdown(study, names))
+                    ),
+                }
+                report["crossover"] = study
+                log_crossover_children(run, study)
+        report["peak_rss_mb"] = peak_rss_mb()
+        report["mlflow"] = {"tracking_uri": uri, "experiment": EXPERIMENT, "run_id": run.run_id}
+        report = without_nan(report)
+        write_json(args.json, report)
+        record(run, report, args.json)
+    print(format_report(report), flush=True)
+    print(f"\nwrote {args.json}; MLflow run {run.run_id} in {EXPERIMENT} at {uri}", flush=True)
+    return report
+
+
+def bench_settings(
+    args: argparse.Namespace, plan: Plan, devices: list[torch.device], crossover: bool
+) -> dict[str, Any]:
+    """What was asked for: the run's params and bench.json's `settings`."""
+    return {
+        "mode": plan.mode,
+        "devices": [str(d) for d in devices],
+        "batch_sizes": args.batch_sizes,
+        "warmup_steps": plan.warmup,
+        "measured_steps": {str(b): plan.steps(b) for b in args.batch_sizes},
+        "model": f"MLP 784-{HIDDEN}-10, ReLU, CrossEntropy",
+        "optimizer": f"AdamW lr {LR:g}",
+        "log_every": LOG_EVERY,
+        "num_samples": samples_for(max(args.batch_sizes)),
+        "torch_threads": torch.get_num_threads(),
+        "crossover": crossover,
+        "hidden_sizes": args.hidden_sizes if crossover else [],
+        "crossover_only": args.crossover_only,
+    }
+
+
+def run_tags(devices: list[torch.device]) -> dict[str, str]:
+    commit, dirty = git_state(find_root())
+    return {
+        **describe_device(devices[-1]).as_tags(),
+        "git.commit": commit,
+        "git.dirty": dirty,
+        "mlflow.source.name": "reprotrain.bench",
+    }
+
+
+def say(line: str) -> None:
+    """Progress goes to stderr, so stdout holds only the report."""
+    print(line, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""The variants measured side by side, each on the reference MLP from the same weights.
+
+    a      course_loop             the course's loop as written
+    b, c   reprotrain_step         reprotrain's fit(), with and without MLflow tracking
+    d      lightning_or_reason     Lightning's Trainer with MLFlowLogger (the `bench` extra)
+    bound  forward_backward_bound  forward, loss, backward only: the ceiling for b
+plus matmul_flops, the fp32 arithmetic ceiling that b's FLOP/s is set against.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reprotrain.bench.clock import StepTimer, memory, reset_memory
+from reprotrain.bench.reference import (
+    EXPERIMENT,
+    HIDDEN,
+    LOG_EVERY,
+    LR,
+    SEED,
+    bench_config,
+    reference_model,
+)
+from reprotrain.data import Batches, Dataset
+from reprotrain.devices import synchronize
+from reprotrain.schema import as_dict, flatten
+from reprotrain.timing import PHASES
+from reprotrain.tracking import NoRun, TrackedRun
+
+
+def course_loop(
+    device: torch.device, dataset: Dataset, batch_size: int, steps: int, warmup: int
+) -> tuple[dict[str, Any], list[float]]:
+    """(a) The loop as the course writes it."""
+    reset_memory(device)
+    model = reference_model(dataset, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # default: no fused, per-tensor
+    loss_fn = nn.CrossEntropyLoss()
+    host = Batches(dataset, batch_size, torch.device("cpu"), resident=False, seed=SEED)
+    timer, losses = StepTimer(device, warmup), []
+    for inputs, targets in host.take(steps):
+        timer.begin()
+        inputs, targets = inputs.to(device), targets.to(device)
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())  # sync point: the course reads the loss every step
+        timer.end()
+    return {**timer.summary(batch_size), **memory(device)}, losses
+
+
+def reprotrain_step(
+    device: torch.device,
+    dataset: Dataset,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    *,
+    hidden: int = HIDDEN,
+    tracking_uri: str | None = None,
+    log_every: int = LOG_EVERY,
+    resident: str = "auto",
+    fused: bool | None = None,
+) -> tuple[dict[str, Any], list[float]]:
+    """(b) with a tracking URI, (c) without: reprotrain's own loop, train.fit()."""
+    from reprotrain.train import fit
+
+    config = bench_config(
+        device,
+        batch_size,
+        steps,
+        warmup,
+        hidden=hidden,
+        tracking=tracking_uri is not None,
+        log_every=log_every,
+        resident=resident,
+        fused=fused,
+        num_samples=dataset.x_train.shape[0] + dataset.x_val.shape[0],
+    )
+    tracker: TrackedRun | NoRun = NoRun()
+    if tracking_uri is not None:
+        tracker = TrackedRun(
+            tracking_uri,
+            config.tracking.experiment,
+            f"b-{device.type}-{batch_size}",
+            {"bench.variant": "b", "device.type": device.type},
+            flatten(as_dict(config)),
+            config.tracking.flush_every_s,
+        )
+    reset_memory(device)
+    torch.manual_seed(SEED)  # fit() builds its model first: the same weights as the others
+    flush_s = 0.0
+    with tracker as tracked:
+        result = fit(config, device, dataset, tracked)
+        if isinstance(tracked, TrackedRun):
+            # A short run may never reach a flush inside fit(); its buffered points are sent
+            # here. Count that send in b's window (all of it, warm-up points included).
+            began = time.perf_counter()
+            tracked.metrics.flush()
+            flush_s = time.perf_counter() - began
+    measured = steps - warmup
+    fit_window_s = measured * batch_size / result["samples_per_s"]
+    out = {
+        "measured_steps": measured,
+        "step_ms_median": result["step_ms_median"],
+        "samples_per_s": measured * batch_size / (fit_window_s + flush_s),
+        "window_s": fit_window_s + flush_s,
+        "fit_samples_per_s": result["samples_per_s"],
+        "final_flush_s": flush_s,
+        "resident_data": result["resident_data"],
+        **{f"{phase}_ms_mean": result[f"{phase}_ms_mean"] for phase in PHASES},
+        **memory(device),
+    }
+    return out, list(result["_curve"][1])
+
+
+def lightning_or_reason(
+    device: torch.device,
+    dataset: Dataset,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    tracking_uri: str,
+    workdir: Path,
+) -> dict[str, Any]:
+    """(d) where Lightning is installed; otherwise why it was not measured."""
+    try:
+        import lightning  # noqa: F401  (the `bench` extra)
+    except ImportError:
+        return {"skipped": "lightning is not installed (pip install -e '.[bench]')"}
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no workers", "tensor cores": advice, not results
+        return lightning_loop(device, dataset, batch_size, steps, warmup, tracking_uri, workdir)
+
+
+def lightning_loop(
+    device: torch.device,
+    dataset: Dataset,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    tracking_uri: str,
+    workdir: Path,
+) -> dict[str, Any]:
+    """(d) Lightning's Trainer with MLFlowLogger, timed from a Callback.
+
+    A step's time is batch start to the next batch start: that interval holds Lightning's
+    logger write, which happens after on_train_batch_end. One extra step closes the last one.
+    """
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    class ReferenceModule(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = reference_model(dataset, torch.device("cpu"))
+            self.loss_fn = nn.CrossEntropyLoss()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            inputs, targets = batch
+            loss = self.loss_fn(self.model(inputs), targets)
+            self.log("train/loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=LR)
+
+    class BatchClock(pl.Callback):
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+            self.ends: list[float] = []
+
+        def on_train_batch_start(self, *_args: Any) -> None:
+            synchronize(device)  # sync point: the previous step's GPU work is done
+            self.starts.append(time.perf_counter())
+
+        def on_train_batch_end(self, *_args: Any) -> None:
+            synchronize(device)  # sync point
+            self.ends.append(time.perf_counter())
+
+    x, y = torch.from_numpy(dataset.x_train), torch.from_numpy(dataset.y_train)
+    tensors = torch.utils.data.TensorDataset(x, y)
+    # Whole batches by index list: the same host tensors and batch shape as a, b and c,
+    # without per-sample indexing and collation, which would charge d for data loading.
+    order = torch.utils.data.RandomSampler(tensors, generator=torch.Generator().manual_seed(SEED))
+    batches = torch.utils.data.BatchSampler(order, batch_size, drop_last=True)
+    loader = torch.utils.data.DataLoader(tensors, batch_size=None, sampler=batches)
+    clock = BatchClock()
+    reset_memory(device)
+    module = ReferenceModule()
+    trainer = pl.Trainer(
+        accelerator=device.type,
+        devices=[device.index or 0] if device.type == "cuda" else 1,
+        max_steps=steps + 1,
+        logger=MLFlowLogger(experiment_name=f"{EXPERIMENT}-lightning", tracking_uri=tracking_uri),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        callbacks=[clock],
+        default_root_dir=str(workdir),
+    )
+    trainer.fit(module, train_dataloaders=loader)
+    starts = clock.starts[warmup : steps + 1]
+    intervals = [
+        (later - earlier) * 1e3 for earlier, later in zip(starts, starts[1:], strict=False)
+    ]
+    inside = [
+        (e - s) * 1e3
+        for s, e in zip(clock.starts[warmup:steps], clock.ends[warmup:steps], strict=True)
+    ]
+    window_s = starts[-1] - starts[0]
+    return {
+        "measured_steps": len(intervals),
+        "step_ms_median": statistics.median(intervals),
+        "samples_per_s": len(intervals) * batch_size / window_s,
+        "window_s": window_s,
+        "batch_start_to_end_ms_median": statistics.median(inside),
+        **memory(device),
+    }
+
+
+def forward_backward_bound(
+    device: torch.device, dataset: Dataset, batch_size: int, steps: int, warmup: int
+) -> dict[str, Any]:
+    """Forward, loss, backward only, on batches already on the device: no optimizer, no logging."""
+    reset_memory(device)
+    model = reference_model(dataset, device)
+    loss_fn = nn.CrossEntropyLoss()
+    resident = Batches(dataset, batch_size, device, resident=True, seed=SEED)
+    held = list(resident.take(min(4, resident.batches_per_epoch)))  # fetched before timing
+    timer = StepTimer(device, warmup)
+    for step in range(steps):
+        inputs, targets = held[step % len(held)]
+        timer.begin()
+        model.zero_grad(set_to_none=True)  # as in the real step: backward writes fresh gradients
+        loss_fn(model(inputs), targets).backward()
+        timer.end()
+    return {**timer.summary(batch_size), **memory(device)}
+
+
+def matmul_flops(device: torch.device, sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    """fp32 square matmuls (TF32 off): the arithmetic ceiling the training FLOP/s is set against."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    by_size = {}
+    for n in sizes:
+        left = torch.randn(n, n, device=device)
+        right = torch.randn(n, n, device=device)
+        out = torch.empty(n, n, device=device)
+        for _ in range(2):
+            torch.mm(left, right, out=out)  # warm-up: thread pool, cuBLAS handle, clocks
+        times = []
+        for _ in range(repeats):
+            synchronize(device)  # sync point
+            began = time.perf_counter()
+            torch.mm(left, right, out=out)
+            synchronize(device)  # sync point: the product is finished before the clock is read
+            times.append(time.perf_counter() - began)
+        median_s = statistics.median(times)
+        by_size[str(n)] = {"median_s": median_s, "flops_per_s": 2 * n**3 / median_s}
+        del left, right, out
+    return {
+        "dtype": "float32",
+        "tf32": False,
+        "repeats": repeats,
+        "sizes": by_size,
+        "flops_per_s": max(entry["flops_per_s"] for entry in by_size.values()),
+    }

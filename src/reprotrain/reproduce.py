@@ -1,0 +1,110 @@
+"""Re-run a past run from the config it recorded, and say whether its losses match.
+
+    python -m reprotrain.reproduce <run id>
+    python -m reprotrain.reproduce <run id> --tracking-uri sqlite:////abs/mlflow.db
+
+The new run is recorded too (tag `reproduces` = the old run id). On CPU, with the same torch
+build and train.deterministic=true, the losses match bit for bit; the exit code is 0 when
+they do and 1 when they do not (the first differing step is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from reprotrain.data import file_md5
+from reprotrain.errors import DataError, TrackingError, UserError, report_and_exit
+from reprotrain.project import default_tracking_uri
+from reprotrain.schema import validate
+
+
+def recorded_config(client, run_id: str):
+    try:
+        run = client.get_run(run_id)
+    except Exception as error:  # MLflow raises its own exception for an unknown id
+        raise TrackingError(
+            f"run {run_id!r} was not found in the tracking store ({error})",
+            hint="check the run id in the MLflow UI, or pass --tracking-uri",
+        ) from None
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = client.download_artifacts(run_id, "config.yaml", folder)
+        except Exception:
+            raise DataError(
+                f"run {run_id} has no config.yaml artifact to reproduce from",
+                hint="only runs recorded by reprotrain.train can be reproduced",
+            ) from None
+        tree = OmegaConf.load(path)
+    return run, tree
+
+
+def losses(client, run_id: str) -> list[float]:
+    history = client.get_metric_history(run_id, "train/loss")
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m reprotrain.reproduce",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_id")
+    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--output-dir", default=None, help="default: outputs/reproduce/<run id>")
+    args = parser.parse_args(argv)
+    from mlflow.tracking import MlflowClient
+
+    from reprotrain.train import run
+
+    uri = args.tracking_uri or default_tracking_uri()
+    try:
+        client = MlflowClient(uri)
+        old, tree = recorded_config(client, args.run_id)
+        tree.tracking.uri = uri
+        tree.tracking.run_name = f"reproduce-{args.run_id[:8]}"
+        tree.train.output_dir = args.output_dir or f"outputs/reproduce/{args.run_id}"
+        tree.train.resume = None
+        tree.runtime.mode = "local"
+        config = validate(tree)
+        if config.data.file:
+            recorded = old.data.tags.get("data.hash")
+            now = file_md5(Path(config.data.file)) if Path(config.data.file).is_file() else None
+            if recorded and now != recorded:
+                raise DataError(
+                    f"data file {config.data.file!r} is not the one run {args.run_id} "
+                    f"used (md5 {now or 'missing'}, recorded {recorded})",
+                    hint="check out the data of that run's commit: git checkout <commit> && dvc checkout",
+                )
+        result = run(config)
+    except UserError as error:
+        report_and_exit(error)
+    before, after = losses(client, args.run_id), losses(client, result["run_id"])
+    match = before == after
+    client.set_tag(result["run_id"], "reproduces", args.run_id)
+    client.set_tag(result["run_id"], "reproduced.match", str(match).lower())
+    if match:
+        print(
+            f"reproduce: losses match bit for bit ({len(after)} steps); new run {result['run_id']}"
+        )
+        return
+    first = next(
+        (i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b),
+        min(len(before), len(after)),
+    )
+    detail = (
+        f"step {first + 1}: recorded {before[first]!r}, now {after[first]!r}"
+        if first < min(len(before), len(after))
+        else f"{len(before)} vs {len(after)} steps"
+    )
+    print(f"reproduce: losses differ from {detail}; new run {result['run_id']}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Interruption and resume, parallel runs, determinism, reproduction (real processes,
+signals and sqlite stores)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, Store, child_env, train
+
+LONG = [
+    "train.steps=3000",
+    "train.log_every=10",
+    "train.checkpoint_every=500",
+    "tracking.flush_every_s=0.2",
+    "data.num_samples=2048",
+]
+
+
+def start_training(tmp_path: Path, store: Store, *overrides: str) -> subprocess.Popen:
+    args = [
+        PYTHON,
+        "-m",
+        "reprotrain.train",
+        "runtime=local",
+        f"tracking.uri={store.uri}",
+        f"train.output_dir={tmp_path / 'results'}",
+        *overrides,
+    ]
+    return subprocess.Popen(args, cwd=tmp_path, env=child_env(), stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_losses(store: Store, count: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        runs = store.runs() if store.path.exists() else []
+        if runs and len(store.losses(runs[0].info.run_id)) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} losses recorded in time")
+
+
+def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> None:
+    from reprotrain.tracking import prepare_store
+
+    reference = Store(tmp_path / "ref")
+    (tmp_path / "ref").mkdir()
+    train(tmp_path / "ref", reference, *LONG)
+    expected = [value for _, value in reference.losses(reference.only_run().info.run_id)]
+
+    (tmp_path / "b").mkdir()
+    store = Store(tmp_path / "b")
+    prepare_store(store.uri)
+    proc = start_training(tmp_path / "b", store, *LONG)
+    wait_for_losses(store, 100, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-2000:]
+    stopped = store.only_run()
+    assert stopped.info.status == "KILLED"
+    done = len(store.losses(stopped.info.run_id))
+    assert 100 <= done < 3000
+    checkpoint = tmp_path / "b" / "results" / "checkpoints" / f"{stopped.info.run_id}.pt"
+    assert checkpoint.is_file()
+
+    train(tmp_path / "b", store, *LONG, "train.resume=last")
+    resumed = store.only_run()  # the same MLflow run, continued
+    assert resumed.info.run_id == stopped.info.run_id and resumed.info.status == "FINISHED"
+    history = store.losses(resumed.info.run_id)
+    assert [step for step, _ in history] == list(range(1, 3001))
+    assert [value for _, value in history] == expected
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("truncate", "is corrupt or truncated"),
+        ("other_model", "was written with another model/optimizer/data/batch config"),
+        ("missing", "no checkpoint"),
+    ],
+)
+def test_bad_checkpoint_is_a_clear_error(
+    tmp_path: Path, store: Store, damage: str, message: str
+) -> None:
+    train(tmp_path, store, "experiment=smoke", "train.checkpoint_every=10")
+    run_id = store.only_run().info.run_id
+    checkpoint = tmp_path / "results" / "checkpoints" / f"{run_id}.pt"
+    overrides = ["experiment=smoke", "train.steps=40", f"train.resume={run_id}"]
+    if damage == "truncate":
+        checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    elif damage == "other_model":
+        overrides.append("model.hidden_size=64")
+    else:
+        overrides[-1] = "train.resume=0123456789abcdef"
+    result = train(tmp_path, store, *overrides, check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert "RUNNING" not in store.statuses()
+
+
+def test_eight_parallel_runs_on_a_fresh_store(tmp_path: Path) -> None:
+    store = Store(tmp_path)  # does not exist yet: the runs race to create it
+    procs = [
+        subprocess.Popen(
+            [
+                PYTHON,
+                "-m",
+                "reprotrain.train",
+                "runtime=local",
+                "experiment=smoke",
+                f"tracking.uri={store.uri}",
+                f"train.output_dir={tmp_path / str(i)}",
+                f"train.seed={i}",
+            ],
+            cwd=tmp_path,
+            env=child_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(8)
+    ]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-2000:]
+    runs = store.runs()
+    assert len(runs) == 8 and all(r.info.status == "FINISHED" for r in runs)
+    assert all(len(store.losses(r.info.run_id)) == 20 for r in runs)
+
+
+def test_two_cpu_runs_give_identical_losses(tmp_path: Path) -> None:
+    histories = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        store = Store(tmp_path / name)
+        train(tmp_path / name, store, "device=cpu", "train.steps=100", "data.num_samples=2048")
+        run = store.only_run()
+        histories.append([value for _, value in store.losses(run.info.run_id)])
+        assert run.data.tags["config.hash"] and run.data.tags["data.hash"]
+    assert histories[0] == histories[1]
+
+
+def test_reproduce_reruns_a_past_run_and_reports_a_match(tmp_path: Path, store: Store) -> None:
+    train(tmp_path, store, "experiment=smoke", "device=cpu")
+    run_id = store.only_run().info.run_id
+    result = subprocess.run(
+        [PYTHON, "-m", "reprotrain.reproduce", run_id, "--tracking-uri", store.uri],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "losses match bit for bit (20 steps)" in result.stdout
+    new = [r for r in store.runs() if r.info.run_id != run_id]
+    assert len(new) == 1 and new[0].data.tags["reproduces"] == run_id
+    assert new[0].data.tags["reproduced.match"] == "true"
+
+
+def test_reproduce_unknown_run_is_a_clear_error(tmp_path: Path, store: Store) -> None:
+    train(tmp_path, store, "experiment=smoke")
+    result = subprocess.run(
+        [PYTHON, "-m", "reprotrain.reproduce", "0" * 32, "--tracking-uri", store.uri],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "was not found" in result.stderr
+
+
+def test_stopping_writes_no_half_written_outputs(tmp_path: Path, store: Store) -> None:
+    from reprotrain.tracking import prepare_store
+
+    prepare_store(store.uri)
+    proc = start_training(tmp_path, store, *LONG)
+    wait_for_losses(store, 30, proc)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    results = tmp_path / "results"
+    assert not (results / "metrics.json").exists()
+    assert not list(results.rglob("*.tmp"))  # only finished files, renamed into place
