@@ -1,4 +1,4 @@
-"""What MLflow tracking costs reprotrain's training loop (issue 2: under 3% of training time).
+"""What MLflow tracking costs reprotrain's training loop (target: under 3% of training time).
 
     python benchmarks/tracking_overhead.py              # 5 pairs of 400 steps, batch 64, CPU
     python benchmarks/tracking_overhead.py --quick      # CI: 3 pairs of 60 steps
@@ -27,7 +27,7 @@ from reprotrain.bench.variants import reprotrain_step
 from reprotrain.tracking import prepare_store
 from reprotrain.train import seed_everything, set_threads
 
-TARGET = 0.03  # issue 2: tracking costs under 3% of training time
+TARGET = 0.03  # tracking should cost under 3% of training time
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"ratio on/off: {median_on / median_off:.3f}")
     print(
         f"tracking costs {cost:.1%} of training time "
-        f"(per pair, median {statistics.median(pair_costs):.1%}; issue 2 target < {TARGET:.0%}: "
+        f"(per pair, median {statistics.median(pair_costs):.1%}; target < {TARGET:.0%}: "
         f"{'met' if cost < TARGET else 'not met'})"
     )
 

@@ -1,4 +1,4 @@
-"""The benchmark (issue 5): complete, self-consistent results, and fast paths that keep the math.
+"""The benchmark: complete, self-consistent results, and fast paths that keep the math.
 
 No assertion here is about speed: timings depend on the machine. The tests check that every
 figure is measured, that every ratio is the quotient it claims to be, that the record lands in
@@ -103,7 +103,7 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
     assert positive(report["startup"]["median_s"]) and len(report["startup"]["runs_s"]) == 1
     assert report["dvc"] == {"skipped": "--no-dvc"}
     assert "crossover" not in report
-    for heading in ("ms/step", "samples/s", "ratios", "targets (issue 5)", "start-up"):
+    for heading in ("ms/step", "samples/s", "ratios", "targets", "start-up"):
         assert heading in stdout
     assert re.search(r"cpu batch 64 +b/c +\d+\.\d+ +>= 0\.97 +(PASS|MISS)", stdout)
 

@@ -251,3 +251,19 @@ def test_readme_mentions_every_mlflow_key() -> None:
         "image.id",
     ):
         assert f"`{key}`" in readme, key
+
+
+@pytest.mark.gpu
+def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store) -> None:
+    require_cuda()
+    result = train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "device=cuda",
+        "model.hidden_size=60000000",
+        check=False,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "out of memory on cuda:0 at train.batch_size=32" in result.stderr
+    assert store.only_run().info.status == "FAILED"

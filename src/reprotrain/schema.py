@@ -196,9 +196,10 @@ def validate(cfg: DictConfig | dict) -> Config:
     sections = {name: _section(cfg, name, schema) for name, schema in SECTIONS.items()}
     sections["optimizer"] = _section(cfg, "optimizer", _optimizer_schema(cfg))
     _split_device_index(sections["device"])
-    config = Config(**sections, conf_digest=_plain(cfg, "conf_digest"))
+    config = Config(**sections)
     _check_ranges(config)
     _check_cross_field(config)
+    config.conf_digest = _plain(cfg, "conf_digest")  # last: its resolver validates again
     return config
 
 
@@ -289,7 +290,12 @@ def _split_device_index(device: DeviceConfig) -> None:
 
 
 def _plain(cfg: DictConfig, key: str) -> Any:
-    return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=True)
+    try:
+        return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=True)
+    except OmegaConfBaseException as error:
+        if isinstance(error.__cause__, ConfigError):  # raised inside one of our resolvers
+            raise error.__cause__ from None
+        raise ConfigError(f"{key} cannot be resolved: {str(error).splitlines()[0]}") from None
 
 
 def _given(node: DictConfig, key: Any) -> Any:

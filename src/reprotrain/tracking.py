@@ -16,6 +16,7 @@ import fcntl
 import os
 import signal
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -131,21 +132,16 @@ def prepare_store(uri: str) -> None:
 
 
 class MetricBuffer:
-    """Collects metric points and sends them with log_batch in chunks."""
+    """Collects metric points (cheap tuples) and hands them to `send` in chunks."""
 
-    def __init__(
-        self, client: Any, run_id: str, max_points: int = MAX_BATCH, max_age_s: float = 5.0
-    ) -> None:
-        self.client, self.run_id = client, run_id
-        self.max_points, self.max_age_s = max_points, max_age_s
-        self.points: list[Any] = []
+    def __init__(self, send: Any, max_points: int = MAX_BATCH, max_age_s: float = 5.0) -> None:
+        self.send, self.max_points, self.max_age_s = send, max_points, max_age_s
+        self.points: list[tuple[str, float, int, int]] = []
         self.last_flush = time.monotonic()
         self.sent = 0
 
     def add(self, key: str, value: float, step: int) -> None:
-        from mlflow.entities import Metric
-
-        self.points.append(Metric(key, float(value), int(time.time() * 1000), int(step)))
+        self.points.append((key, float(value), int(time.time() * 1000), int(step)))
         if (
             len(self.points) >= self.max_points
             or time.monotonic() - self.last_flush > self.max_age_s
@@ -155,13 +151,20 @@ class MetricBuffer:
     def flush(self) -> None:
         while self.points:
             chunk, self.points = self.points[:MAX_BATCH], self.points[MAX_BATCH:]
-            self.client.log_batch(self.run_id, metrics=chunk)
+            self.send(chunk)
             self.sent += len(chunk)
         self.last_flush = time.monotonic()
 
 
 class TrackedRun:
-    """One MLflow run whose end status always matches how the process ended."""
+    """One MLflow run whose end status always matches how the process ended.
+
+    The run is opened on a background thread started by the first metric, that is once
+    training is under way: importing MLflow and opening a sqlite store take ~2 s here, and
+    this way they overlap the steps (torch releases the GIL while it computes) instead of
+    delaying the first one. Metrics wait in the buffer until the run is open. `ready()`
+    joins the thread and re-raises anything it hit.
+    """
 
     def __init__(
         self,
@@ -176,35 +179,66 @@ class TrackedRun:
         self.resume_run_id = resume_run_id
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.tags, self.params, self.flush_every_s = tags, params, flush_every_s
-        self.run_id = ""
+        self._run_id = ""
+        self._error: BaseException | None = None
 
     def __enter__(self) -> TrackedRun:
-        from mlflow.entities import Param, RunTag
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(self.uri)
-        self.run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "")
-        if self.resume_run_id:  # a resumed run continues the same MLflow run
-            self.client.update_run(self.run_id, status="RUNNING")
-            self.params = {}  # logged when it started; MLflow params cannot change
-        elif not self.run_id:
-            experiment_id = ensure_experiment(self.client, self.experiment)
-            self.run_id = self.client.create_run(experiment_id, run_name=self.run_name).info.run_id
-        tags = [RunTag(k, str(v)) for k, v in self.tags.items()]
-        params = [Param(k, _param_text(v)) for k, v in self.params.items()]
-        for i in range(0, max(len(params), 1), 100):  # MLflow accepts 100 params per call
-            self.client.log_batch(
-                self.run_id, params=params[i : i + 100], tags=tags if i == 0 else []
-            )
-        self.metrics = MetricBuffer(self.client, self.run_id, max_age_s=self.flush_every_s)
+        self.metrics = MetricBuffer(self._send, max_age_s=self.flush_every_s)
+        self._opener = threading.Thread(target=self._open, name="mlflow-open", daemon=True)
         return self
 
+    def _start(self) -> None:
+        if self._opener.ident is None:
+            self._opener.start()
+
+    def _open(self) -> None:
+        try:
+            from mlflow.entities import Param, RunTag
+            from mlflow.tracking import MlflowClient
+
+            prepare_store(self.uri)
+            self.client = MlflowClient(self.uri)
+            run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "")
+            if self.resume_run_id:  # a resumed run continues the same MLflow run
+                self.client.update_run(run_id, status="RUNNING")
+                self.params = {}  # logged when it started; MLflow params cannot change
+            elif not run_id:
+                experiment_id = ensure_experiment(self.client, self.experiment)
+                run_id = self.client.create_run(experiment_id, run_name=self.run_name).info.run_id
+            self._run_id = run_id
+            tags = [RunTag(k, str(v)) for k, v in self.tags.items()]
+            params = [Param(k, _param_text(v)) for k, v in self.params.items()]
+            for i in range(0, max(len(params), 1), 100):  # MLflow accepts 100 params per call
+                self.client.log_batch(
+                    run_id, params=params[i : i + 100], tags=tags if i == 0 else []
+                )
+        except BaseException as error:  # handed to the main thread by ready()
+            self._error = error
+
+    def ready(self) -> None:
+        self._start()
+        self._opener.join()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def run_id(self) -> str:
+        self.ready()
+        return self._run_id
+
+    def _send(self, chunk: list[tuple[str, float, int, int]]) -> None:
+        from mlflow.entities import Metric
+
+        self.ready()
+        self.client.log_batch(self._run_id, metrics=[Metric(*point) for point in chunk])
+
     def log_metric(self, key: str, value: float, step: int) -> None:
+        self._start()
         self.metrics.add(key, value, step)
 
     def log_metrics(self, values: dict[str, float], step: int) -> None:
         for key, value in values.items():
-            self.metrics.add(key, value, step)
+            self.log_metric(key, value, step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         for key, value in tags.items():
@@ -219,13 +253,19 @@ class TrackedRun:
         error: BaseException | None,
         _tb: TracebackType | None,
     ) -> None:
+        self._start()  # a run that failed before its first metric is still recorded
+        self._opener.join()
+        if self._error is not None:
+            if error is None:
+                raise self._error  # the run never opened: nothing to end
+            return  # the error in flight already says what went wrong
         status = end_status(error)
         try:
             self.metrics.flush()  # every point logged before the end is kept
         finally:
             if error is not None:
-                self.client.set_tag(self.run_id, "error", describe_error(error)[:5000])
-            self.client.set_terminated(self.run_id, status)
+                self.client.set_tag(self._run_id, "error", describe_error(error)[:5000])
+            self.client.set_terminated(self._run_id, status)
 
 
 class NoRun:

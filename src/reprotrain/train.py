@@ -41,8 +41,13 @@ from reprotrain.checkpoint import (
 )
 from reprotrain.data import Batches, Dataset, file_md5, fits_on_device, load_dataset
 from reprotrain.devices import available_cpus, describe_device, resolve_device, synchronize
-from reprotrain.errors import ConfigError, UserError, report_and_exit
-from reprotrain.model import build_model, build_optimizer, training_flops_per_sample
+from reprotrain.errors import ConfigError, DeviceError, UserError, report_and_exit
+from reprotrain.model import (
+    build_model,
+    build_optimizer,
+    count_parameters,
+    training_flops_per_sample,
+)
 from reprotrain.outputs import (
     write_json,
     write_loss_csv,
@@ -61,7 +66,6 @@ from reprotrain.tracking import (
     NoRun,
     TrackedRun,
     check_store,
-    prepare_store,
 )
 
 
@@ -74,8 +78,7 @@ def run(config: Config, runtime: str = "local") -> dict[str, Any]:
     out_dir = check_output_dir(Path(config.train.output_dir))
     uri = config.tracking.uri or default_tracking_uri()
     if config.tracking.enabled:
-        check_store(uri, config.tracking.connect_timeout_s)
-        prepare_store(uri)
+        check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
     info = describe_device(device)
@@ -95,7 +98,14 @@ def run(config: Config, runtime: str = "local") -> dict[str, Any]:
         else NoRun()
     )
     with tracker as tracked:
-        result = fit(config, device, dataset, tracked, stop=stop, resume_from=resume_from)
+        try:
+            result = fit(config, device, dataset, tracked, stop=stop, resume_from=resume_from)
+        except torch.OutOfMemoryError:
+            raise out_of_memory(device, config, dataset) from None
+        except RuntimeError as error:  # the CPU allocator's OOM is a plain RuntimeError
+            if "can't allocate memory" not in str(error):
+                raise
+            raise out_of_memory(device, config, dataset) from None
         result.update(
             run_id=tracked.run_id,
             tracking_uri=uri if config.tracking.enabled else None,
@@ -249,6 +259,26 @@ def restore(
     if state["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return state["step"], list(state["losses"])
+
+
+def out_of_memory(device: torch.device, config: Config, dataset: Dataset) -> DeviceError:
+    """A bare CUDA OOM names neither the batch nor the model; this message does."""
+    with torch.device("meta"):  # count the parameters without allocating them
+        model = build_model(config.model, dataset.num_features, dataset.num_classes)
+    figures = ""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        figures = (
+            f"; {torch.cuda.memory_allocated(device) / 2**20:,.0f} MiB allocated by torch, "
+            f"{free / 2**20:,.0f} of {total / 2**20:,.0f} MiB free"
+        )
+    return DeviceError(
+        f"out of memory on {device} at train.batch_size={config.train.batch_size} with "
+        f"model.hidden_size={config.model.hidden_size} ({count_parameters(model):,} parameters)"
+        f"{figures}",
+        hint="lower train.batch_size or model.hidden_size, or keep the data on the host with "
+        "train.resident_data=false",
+    )
 
 
 def check_finite(values: list[float], first_step: int, history: list[float]) -> None:

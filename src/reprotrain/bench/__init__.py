@@ -6,5 +6,5 @@ variants.py   a, b, c, d, the fwd+bwd bound and the matmul ceiling
 measure.py    one device, every batch size, with the ratios between variants
 startup.py    start-up of the training app and `dvc repro` with nothing to do
 crossover.py  the CPU-versus-GPU study, its plot, table and MLflow child runs
-report.py     issue 5's targets, the printed tables, the MLflow metrics
+report.py     the performance targets, the printed tables, the MLflow metrics
 """

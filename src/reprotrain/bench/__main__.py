@@ -1,4 +1,4 @@
-"""Performance, measured side by side in one process (issue 5).
+"""Performance, measured side by side in one process.
 
     python -m reprotrain.bench --quick                       # CI size: a few dozen steps per point
     python -m reprotrain.bench                               # full: more steps, start-up x3, crossover
@@ -20,7 +20,7 @@ Timing rules: warm-up steps are left out; step times are medians; throughput is 
 measured wall-clock window (b's window includes sending its buffered MLflow points, d's includes
 Lightning's per-step logger write); GPU work is synchronised before any clock is read; every
 variant sees the same data, the same initial weights and the same arithmetic (the same AdamW
-update, fused or not). Ratios are of samples/s; targets are issue 5's, checked on CPU.
+update, fused or not). Ratios are of samples/s; targets are the README's, checked on CPU.
 """
 
 from __future__ import annotations

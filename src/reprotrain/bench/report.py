@@ -1,4 +1,4 @@
-"""What the benchmark reports: issue 5's targets, the tables on stdout, the MLflow record.
+"""What the benchmark reports: the performance targets, the tables on stdout, the MLflow record.
 
 Every target is a ratio that bench.json holds, so a target can be re-checked from the file.
 """
@@ -25,7 +25,7 @@ class Target:
     threshold: float
 
 
-# Issue 5's targets, all on CPU; every one is a ratio in the JSON, so a target can be re-checked.
+# The performance targets (README), all on CPU; every one is a ratio in the JSON, so a target can be re-checked.
 TARGETS = (
     Target("tracking costs under 3%", "cpu", 64, "b/c", 0.97),
     Target("within 80% of forward+backward", "cpu", 64, "b/bound", 0.80),
@@ -63,7 +63,7 @@ def format_report(report: dict[str, Any]) -> str:
     for kind, device in report["devices"].items():
         out += _device_tables(kind, device)
     if report.get("targets"):
-        out += ["", "targets (issue 5)", _targets_table(report["targets"])]
+        out += ["", "targets", _targets_table(report["targets"])]
     out.append("")
     out += _fixed_costs(report)
     if "crossover" in report:
