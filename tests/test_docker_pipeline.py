@@ -363,3 +363,35 @@ def test_cuda_in_docker_without_the_toolkit_says_how_to_fix_it(tmp_path: Path) -
         and "could not select device driver" in result.stderr
     )
     assert not store.path.exists() or "RUNNING" not in store.statuses()
+
+
+def test_local_and_docker_runs_give_identical_losses(tmp_path: Path) -> None:
+    """Same torch build on both sides, deterministic mode: the same losses, bit for bit."""
+    require_docker()
+    repo = make_project(tmp_path / "project", runtime="local")
+    histories = {}
+    for runtime in ("local", "docker"):
+        out = repo / "results" / runtime
+        result = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "reprotrain.train",
+                f"runtime={runtime}",
+                "experiment=smoke",
+                "device=cpu",
+                "train.threads=2",
+                f"train.output_dir={out}",
+            ],
+            cwd=repo,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        histories[runtime] = (out / "loss.csv").read_text()
+    runs = {r.data.tags["runtime"]: r for r in Store(repo).runs()}
+    assert set(runs) == {"local", "docker-cpu"}
+    assert runs["local"].data.tags["torch.version"] == runs["docker-cpu"].data.tags["torch.version"]
+    assert histories["local"] == histories["docker"]

@@ -3,6 +3,7 @@ scripts/gpu-check.sh), and the cheap ones are run here exactly as written."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -46,6 +47,9 @@ COVERED = {
     'pytest -m "not docker and not slow"': "test_readme::test_marker_selection_collects",
     "ruff check src tests benchmarks && ruff format --check src tests benchmarks": ".ci/run",
     "hadolint Dockerfile.cpu Dockerfile.cuda": ".ci/run + test_containers",
+    "python -m reprotrain.train train.resume=last": "test_reliability::test_stopped_run_resumes_to_the_same_losses_bit_for_bit",
+    "python -m reprotrain.reproduce <run id>": "test_reliability::test_reproduce_reruns_a_past_run_and_reports_a_match",
+    "python -m reprotrain.replay <spool file>": "test_reliability::test_server_still_away_at_the_end_then_replay",
 }
 
 
@@ -116,7 +120,8 @@ def test_exp_commands(tmp_path: Path) -> None:
     sh(repo, "dvc", "exp", "run", "-S", "optimizer=sgd", "-S", "optimizer.lr=0.01")
     run = Store(repo).runs()[0]
     assert run.data.params["optimizer.name"] == "sgd" and run.data.params["optimizer.lr"] == "0.01"
-    shown = sh(repo, "dvc", "exp", "show", "--no-pager").stdout
+    wide = child_env(PATH=f"{BIN}:{os.environ['PATH']}", DVC_NO_ANALYTICS="1", COLUMNS="400")
+    shown = sh(repo, "dvc", "exp", "show", env=wide).stdout  # no terminal: set the table width
     assert run.data.tags["dvc.exp_name"] in shown and "optimizer.lr" in shown
     diff = sh(repo, "dvc", "metrics", "diff").stdout
     assert "results/metrics.json" in diff and "val_accuracy" in diff

@@ -188,3 +188,155 @@ def test_stopping_writes_no_half_written_outputs(tmp_path: Path, store: Store) -
     results = tmp_path / "results"
     assert not (results / "metrics.json").exists()
     assert not list(results.rglob("*.tmp"))  # only finished files, renamed into place
+
+
+class MlflowServer:
+    """A real `mlflow server` on 127.0.0.1 over a sqlite store, in its own process group."""
+
+    def __init__(self, folder: Path) -> None:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.folder, self.store = folder, Store(folder)
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import urllib.request
+
+        self.proc = subprocess.Popen(
+            [
+                str(Path(PYTHON).parent / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                self.store.uri,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            cwd=self.folder,
+            env=child_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError("mlflow server did not start")
+
+    def stop(self) -> None:
+        import os
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # gone at once, as in a crash
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    folder = tmp_path / "server"
+    folder.mkdir()
+    server = MlflowServer(folder)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer) -> None:
+    steps = 30000
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.train",
+            "runtime=local",
+            f"tracking.uri={server.uri}",
+            f"train.output_dir={tmp_path / 'results'}",
+            f"train.steps={steps}",
+            "train.log_every=50",
+            "tracking.flush_every_s=0.5",
+            "data.num_samples=2048",
+            "train.checkpoint_every=0",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_losses(server.store, 200, proc)
+        server.stop()
+        time.sleep(3)  # flushes fail meanwhile: their points go to the spool
+        server.start()
+        _, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    run = server.store.only_run()
+    assert run.info.status == "FINISHED"
+    assert [step for step, _ in server.store.losses(run.info.run_id)] == list(range(1, steps + 1))
+    assert "is not answering" in stderr  # it said so, once
+    assert not list((tmp_path / "results" / "spool").glob("*.jsonl"))
+
+
+def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: MlflowServer) -> None:
+    steps = 3000
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.train",
+            "runtime=local",
+            f"tracking.uri={server.uri}",
+            f"train.output_dir={tmp_path / 'results'}",
+            f"train.steps={steps}",
+            "train.log_every=50",
+            "tracking.flush_every_s=0.5",
+            "data.num_samples=2048",
+            "train.checkpoint_every=0",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_losses(server.store, 100, proc)
+        server.stop()
+        _, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "python -m reprotrain.replay" in stderr
+    spooled = list((tmp_path / "results" / "spool").glob("*.jsonl"))
+    assert len(spooled) == 1
+    server.start()
+    replay = subprocess.run(
+        [PYTHON, "-m", "reprotrain.replay", str(spooled[0])],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    run = server.store.only_run()
+    assert run.info.status == "FINISHED"
+    assert [step for step, _ in server.store.losses(run.info.run_id)] == list(range(1, steps + 1))
+    from mlflow.tracking import MlflowClient
+
+    artifacts = {a.path for a in MlflowClient(server.uri).list_artifacts(run.info.run_id)}
+    assert {"model.pt", "loss.png", "config.yaml", "loss.csv"} <= artifacts
+    assert not spooled[0].exists()

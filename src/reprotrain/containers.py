@@ -346,13 +346,15 @@ def container_command(
     cpus: float | None,
     name: str | None = None,
     cwd: Path | None = None,
+    mounts: tuple[Path, ...] = (),
 ) -> list[str]:
     """The `docker run` argv for one training run (pure: it runs nothing)."""
     _check_kind(kind)
     root = Path(project_root).resolve()
     here = Path.cwd() if cwd is None else Path(cwd)
     # Same absolute path inside and out: MLflow stores artifact paths as absolute paths.
-    workdir = here if here.resolve().is_relative_to(root) else root
+    mounted = [root, *(Path(m).resolve() for m in mounts)]
+    workdir = here if any(here.resolve().is_relative_to(m) for m in mounted) else root
     user = f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else "1000:1000"
     run_env = {
         "HOME": "/tmp",  # the host uid has no home in the image
@@ -364,6 +366,11 @@ def container_command(
     cmd = ["docker", "run", "--rm", "--name", name or f"reprotrain-{kind}-{uuid.uuid4().hex[:12]}"]
     cmd += ["--user", user]  # files written into the mount belong to the host user, not root
     cmd += ["-v", f"{root}:{root}", "-w", str(workdir)]
+    # Folders the run reads or writes outside the project (a store, an output folder, the
+    # current folder), each at its own path too.
+    for folder in sorted({Path(m).resolve() for m in mounts}):
+        if not folder.is_relative_to(root):
+            cmd += ["-v", f"{folder}:{folder}"]
     cmd += ["--network", network, "--shm-size", shm_size]  # DataLoader workers use /dev/shm
     if cpus is not None:
         if cpus <= 0:

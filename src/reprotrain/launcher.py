@@ -133,6 +133,7 @@ def run_in_docker(config: Config) -> None:
         network=network,
         shm_size=config.runtime.shm_size,
         cpus=config.runtime.cpus,
+        mounts=outside_paths(config, uri),
     )
     code = 1  # if run_container itself fails, the run still ends FAILED
     try:
@@ -147,6 +148,18 @@ def run_in_docker(config: Config) -> None:
             hint="see its last log lines above; 137 = killed (docker kill or out of memory), "
             "143 = stopped (docker stop)",
         )
+
+
+def outside_paths(config: Config, uri: str) -> tuple[Path, ...]:
+    """Folders the run touches, to mount at the same paths: cwd, outputs, data, a sqlite store."""
+    paths = [Path.cwd(), Path(config.train.output_dir).resolve()]
+    if config.data.file:
+        paths.append(Path(config.data.file).resolve().parent)
+    if uri.startswith("sqlite:///"):
+        paths.append(Path(uri.removeprefix("sqlite:///")).parent)
+    for path in paths[1:]:
+        path.mkdir(parents=True, exist_ok=True)  # docker would create it owned by root
+    return tuple(paths)
 
 
 def write_launch_config(root: Path, config: Config) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -25,6 +26,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from reprotrain.errors import TrackingError, UserError
+from reprotrain.replay import Spool, is_unreachable
 
 RUN_ID_ENV = "REPROTRAIN_RUN_ID"  # a launcher that created the run hands it to the container
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
@@ -175,8 +177,15 @@ class TrackedRun:
         params: dict[str, Any],
         flush_every_s: float = 5.0,
         resume_run_id: str = "",
+        spool_dir: Path | None = None,
     ) -> None:
         self.resume_run_id = resume_run_id
+        self.spool_dir = spool_dir
+        self.spool: Spool | None = None
+        if uri.startswith(("http://", "https://")):
+            # MLflow retries a dead server for minutes per call; fail fast and spool instead.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.tags, self.params, self.flush_every_s = tags, params, flush_every_s
         self._run_id = ""
@@ -197,19 +206,21 @@ class TrackedRun:
             from mlflow.tracking import MlflowClient
 
             prepare_store(self.uri)
-            self.client = MlflowClient(self.uri)
+            self._client = MlflowClient(self.uri)
             run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "")
             if self.resume_run_id:  # a resumed run continues the same MLflow run
-                self.client.update_run(run_id, status="RUNNING")
+                self._client.update_run(run_id, status="RUNNING")
                 self.params = {}  # logged when it started; MLflow params cannot change
             elif not run_id:
-                experiment_id = ensure_experiment(self.client, self.experiment)
-                run_id = self.client.create_run(experiment_id, run_name=self.run_name).info.run_id
+                experiment_id = ensure_experiment(self._client, self.experiment)
+                run_id = self._client.create_run(experiment_id, run_name=self.run_name).info.run_id
             self._run_id = run_id
+            if self.spool_dir is not None and self.uri.startswith(("http://", "https://")):
+                self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
             tags = [RunTag(k, str(v)) for k, v in self.tags.items()]
             params = [Param(k, _param_text(v)) for k, v in self.params.items()]
             for i in range(0, max(len(params), 1), 100):  # MLflow accepts 100 params per call
-                self.client.log_batch(
+                self._client.log_batch(
                     run_id, params=params[i : i + 100], tags=tags if i == 0 else []
                 )
         except BaseException as error:  # handed to the main thread by ready()
@@ -222,6 +233,11 @@ class TrackedRun:
             raise self._error
 
     @property
+    def client(self) -> Any:
+        self.ready()
+        return self._client
+
+    @property
     def run_id(self) -> str:
         self.ready()
         return self._run_id
@@ -230,7 +246,19 @@ class TrackedRun:
         from mlflow.entities import Metric
 
         self.ready()
-        self.client.log_batch(self._run_id, metrics=[Metric(*point) for point in chunk])
+        try:
+            if self.spool is not None and self.spool.pending():
+                self.spool.send(self.client)  # what waited goes first: the order is kept
+            self.client.log_batch(self._run_id, metrics=[Metric(*point) for point in chunk])
+        except Exception as error:
+            self._keep_for_later(error, {"metrics": [list(point) for point in chunk]})
+
+    def _keep_for_later(self, error: Exception, record: dict[str, Any]) -> None:
+        """Spool the record if the server is away; anything else is a real error."""
+        if self.spool is None or not is_unreachable(error):
+            raise error
+        self.spool.append(record)
+        self.spool.warn_once(error)
 
     def log_metric(self, key: str, value: float, step: int) -> None:
         self._start()
@@ -245,7 +273,10 @@ class TrackedRun:
             self.client.set_tag(self.run_id, key, str(value)[:5000])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        try:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        except Exception as error:
+            self._keep_for_later(error, {"artifact": str(Path(path).resolve())})
 
     def __exit__(
         self,
@@ -260,12 +291,26 @@ class TrackedRun:
                 raise self._error  # the run never opened: nothing to end
             return  # the error in flight already says what went wrong
         status = end_status(error)
+        message = describe_error(error)[:5000] if error is not None else ""
         try:
             self.metrics.flush()  # every point logged before the end is kept
         finally:
-            if error is not None:
-                self.client.set_tag(self._run_id, "error", describe_error(error)[:5000])
-            self.client.set_terminated(self._run_id, status)
+            try:
+                if self.spool is not None and self.spool.pending():
+                    self.spool.send(self.client)
+                if message:
+                    self.client.set_tag(self._run_id, "error", message)
+                self.client.set_terminated(self._run_id, status)
+            except Exception as failure:
+                self._keep_for_later(failure, {"status": status, "error": message})
+            if self.spool is not None and self.spool.pending():
+                print(
+                    f"reprotrain: warning: the tracking server is still away; run {self._run_id} "
+                    f"ends {status} once you send the rest with: python -m reprotrain.replay "
+                    f"{self.spool.path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 class NoRun:

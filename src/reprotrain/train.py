@@ -93,6 +93,7 @@ def run(config: Config, runtime: str = "local") -> dict[str, Any]:
             flatten(as_dict(config)),
             config.tracking.flush_every_s,
             resume_run_id=resume_from["run_id"] if resume_from else "",
+            spool_dir=out_dir / "spool",
         )
         if config.tracking.enabled
         else NoRun()
