@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,53 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def train_args(tmp_path: Path, uri: str, *overrides: str) -> list[str]:
+    """`python -m reprotrain.train` here, on `uri`, writing under tmp_path/results."""
+    return [
+        PYTHON,
+        "-m",
+        "reprotrain.train",
+        "runtime=local",
+        f"tracking.uri={uri}",
+        f"train.output_dir={tmp_path / 'results'}",
+        *overrides,
+    ]
+
+
+def start_training(tmp_path: Path, uri: str, *overrides: str) -> subprocess.Popen:
+    """The same as a child process that keeps running (for signals and outages)."""
+    return subprocess.Popen(
+        train_args(tmp_path, uri, *overrides),
+        cwd=tmp_path,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_losses(store: Store, count: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Poll the store until the child's run has `count` losses (the child must keep running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
+        runs = store.runs() if store.path.exists() else []
+        if runs and len(store.losses(runs[0].info.run_id)) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} losses recorded in time")
+
+
+def require_docker() -> None:
+    """Skip without a usable Docker engine, or fail when REPROTRAIN_REQUIRE_DOCKER=1 (CI)."""
+    from reprotrain.containers import engine_status
+
+    status = engine_status()
+    if not status.available:
+        if os.environ.get("REPROTRAIN_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"REPROTRAIN_REQUIRE_DOCKER=1 but Docker is not usable: {status.reason}")
+        pytest.skip(f"needs a Docker engine: {status.reason}")
+
+
 def train(
     tmp_path: Path,
     store: Store,
@@ -89,17 +137,13 @@ def train(
     check: bool = True,
 ) -> subprocess.CompletedProcess:
     """Run the Hydra app in tmp_path with its own store and output folder."""
-    args = [
-        PYTHON,
-        "-m",
-        "reprotrain.train",
-        "runtime=local",
-        f"tracking.uri={store.uri}",
-        f"train.output_dir={tmp_path / 'results'}",
-        *overrides,
-    ]
     result = subprocess.run(
-        args, cwd=tmp_path, env=env or child_env(), capture_output=True, text=True, timeout=timeout
+        train_args(tmp_path, store.uri, *overrides),
+        cwd=tmp_path,
+        env=env or child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check:
         assert result.returncode == 0, result.stderr[-3000:]

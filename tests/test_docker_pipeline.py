@@ -26,22 +26,13 @@ from conftest import (
     child_env,
     make_project,
     require_chromium,
+    require_docker,
 )
 
 pytestmark = pytest.mark.docker
 
 USER = "reprotrain-ci"
 SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
-
-
-def require_docker() -> None:
-    from reprotrain.containers import engine_status
-
-    status = engine_status()
-    if not status.available:
-        if os.environ.get("REPROTRAIN_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"REPROTRAIN_REQUIRE_DOCKER=1 but Docker is not usable: {status.reason}")
-        pytest.skip(f"needs a Docker engine: {status.reason}")
 
 
 def non_root_user() -> pwd.struct_passwd:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, Store, child_env, make_project, sh
+from conftest import BIN, ROOT, Store, child_env, make_project, require_docker, sh
 
 README = (ROOT / "README.md").read_text()
 
@@ -129,8 +129,6 @@ def test_exp_commands(tmp_path: Path) -> None:
 
 @pytest.mark.docker
 def test_docker_run_by_hand() -> None:
-    from test_docker_pipeline import require_docker
-
     require_docker()
     from reprotrain.containers import ensure_image
 

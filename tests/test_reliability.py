@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, Store, child_env, train
+from conftest import PYTHON, Store, child_env, start_training, train, wait_for_losses
 
 LONG = [
     "train.steps=3000",
@@ -19,30 +19,6 @@ LONG = [
     "tracking.flush_every_s=0.2",
     "data.num_samples=2048",
 ]
-
-
-def start_training(tmp_path: Path, store: Store, *overrides: str) -> subprocess.Popen:
-    args = [
-        PYTHON,
-        "-m",
-        "reprotrain.train",
-        "runtime=local",
-        f"tracking.uri={store.uri}",
-        f"train.output_dir={tmp_path / 'results'}",
-        *overrides,
-    ]
-    return subprocess.Popen(args, cwd=tmp_path, env=child_env(), stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_losses(store: Store, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        runs = store.runs() if store.path.exists() else []
-        if runs and len(store.losses(runs[0].info.run_id)) >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"fewer than {count} losses recorded in time")
 
 
 def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> None:
@@ -56,7 +32,7 @@ def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> N
     (tmp_path / "b").mkdir()
     store = Store(tmp_path / "b")
     prepare_store(store.uri)
-    proc = start_training(tmp_path / "b", store, *LONG)
+    proc = start_training(tmp_path / "b", store.uri, *LONG)
     wait_for_losses(store, 100, proc)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
@@ -180,7 +156,7 @@ def test_stopping_writes_no_half_written_outputs(tmp_path: Path, store: Store) -
     from reprotrain.tracking import prepare_store
 
     prepare_store(store.uri)
-    proc = start_training(tmp_path, store, *LONG)
+    proc = start_training(tmp_path, store.uri, *LONG)
     wait_for_losses(store, 30, proc)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
@@ -254,24 +230,14 @@ def server(tmp_path: Path):
 
 def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer) -> None:
     steps = 30000
-    proc = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            "runtime=local",
-            f"tracking.uri={server.uri}",
-            f"train.output_dir={tmp_path / 'results'}",
-            f"train.steps={steps}",
-            "train.log_every=50",
-            "tracking.flush_every_s=0.5",
-            "data.num_samples=2048",
-            "train.checkpoint_every=0",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_training(
+        tmp_path,
+        server.uri,
+        f"train.steps={steps}",
+        "train.log_every=50",
+        "tracking.flush_every_s=0.5",
+        "data.num_samples=2048",
+        "train.checkpoint_every=0",
     )
     try:
         wait_for_losses(server.store, 200, proc)
@@ -292,24 +258,14 @@ def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer)
 
 def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: MlflowServer) -> None:
     steps = 3000
-    proc = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            "runtime=local",
-            f"tracking.uri={server.uri}",
-            f"train.output_dir={tmp_path / 'results'}",
-            f"train.steps={steps}",
-            "train.log_every=50",
-            "tracking.flush_every_s=0.5",
-            "data.num_samples=2048",
-            "train.checkpoint_every=0",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_training(
+        tmp_path,
+        server.uri,
+        f"train.steps={steps}",
+        "train.log_every=50",
+        "tracking.flush_every_s=0.5",
+        "data.num_samples=2048",
+        "train.checkpoint_every=0",
     )
     try:
         wait_for_losses(server.store, 100, proc)

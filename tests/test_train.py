@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, Store, child_env, require_cuda, train
+from conftest import (
+    PYTHON,
+    ROOT,
+    Store,
+    child_env,
+    require_cuda,
+    start_training,
+    train,
+    wait_for_losses,
+)
 from reprotrain.tracking import prepare_store
 
 SMOKE_STEPS = 20  # conf/experiment/smoke.yaml
@@ -168,41 +176,21 @@ def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> No
     assert all(r.info.status == "FINISHED" for r in children)
 
 
-def _wait_for_losses(store: Store, at_least: int, proc: subprocess.Popen, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        if store.path.exists():
-            try:
-                runs = store.runs()
-            except Exception:  # the store is being created
-                runs = []
-            if runs and len(store.losses(runs[0].info.run_id)) >= at_least:
-                return runs[0]
-        time.sleep(0.2)
-    raise AssertionError("no losses recorded in time")
-
-
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_mid_run_ends_killed_with_metrics_kept(
     tmp_path: Path, store: Store, sig, code
 ) -> None:
-    args = [
-        PYTHON,
-        "-m",
-        "reprotrain.train",
-        "runtime=local",
-        f"tracking.uri={store.uri}",
-        f"train.output_dir={tmp_path / 'results'}",
+    prepare_store(store.uri)  # the schema exists before this test's polling reader opens it
+    proc = start_training(
+        tmp_path,
+        store.uri,
         "train.steps=1000000",
         "train.log_every=10",
         "tracking.flush_every_s=0.2",
         "data.num_samples=2048",
-    ]
-    prepare_store(store.uri)  # the schema exists before this test's polling reader opens it
-    proc = subprocess.Popen(args, cwd=tmp_path, env=child_env(), stderr=subprocess.PIPE, text=True)
+    )
     try:
-        _wait_for_losses(store, 50, proc)
+        wait_for_losses(store, 50, proc)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
     finally:
