@@ -166,6 +166,15 @@ def test_stopping_writes_no_half_written_outputs(tmp_path: Path, store: Store) -
     assert not list(results.rglob("*.tmp"))  # only finished files, renamed into place
 
 
+# Small steps, frequent flushes: many sends fall inside the outage.
+OUTAGE_RUN = (
+    "train.log_every=50",
+    "tracking.flush_every_s=0.5",
+    "data.num_samples=2048",
+    "train.checkpoint_every=0",
+)
+
+
 class MlflowServer:
     """A real `mlflow server` on 127.0.0.1 over a sqlite store, in its own process group."""
 
@@ -234,10 +243,7 @@ def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer)
         tmp_path,
         server.uri,
         f"train.steps={steps}",
-        "train.log_every=50",
-        "tracking.flush_every_s=0.5",
-        "data.num_samples=2048",
-        "train.checkpoint_every=0",
+        *OUTAGE_RUN,
     )
     try:
         wait_for_losses(server.store, 200, proc)
@@ -262,10 +268,7 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
         tmp_path,
         server.uri,
         f"train.steps={steps}",
-        "train.log_every=50",
-        "tracking.flush_every_s=0.5",
-        "data.num_samples=2048",
-        "train.checkpoint_every=0",
+        *OUTAGE_RUN,
     )
     try:
         wait_for_losses(server.store, 100, proc)
