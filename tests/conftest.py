@@ -81,6 +81,20 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_app(
+    cwd: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m reprotrain.train ARGS` exactly as given (no overrides added), in cwd."""
+    return subprocess.run(
+        [PYTHON, "-m", "reprotrain.train", *args],
+        cwd=cwd,
+        env=env or child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def train_args(tmp_path: Path, uri: str, *overrides: str) -> list[str]:
     """`python -m reprotrain.train` here, on `uri`, writing under tmp_path/results."""
     return [

@@ -27,6 +27,7 @@ from conftest import (
     make_project,
     require_chromium,
     require_docker,
+    run_app,
 )
 
 pytestmark = pytest.mark.docker
@@ -284,18 +285,11 @@ def test_container_stopped_mid_run_ends_the_run(
 
 def test_runtime_docker_without_an_engine_is_a_clear_error(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            "runtime=docker",
-            "experiment=smoke",
-            f"tracking.uri={store.uri}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+    result = run_app(
+        tmp_path,
+        "runtime=docker",
+        "experiment=smoke",
+        f"tracking.uri={store.uri}",
         timeout=120,
         env=child_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
     )
@@ -305,18 +299,11 @@ def test_runtime_docker_without_an_engine_is_a_clear_error(tmp_path: Path) -> No
 
 def test_runtime_auto_without_an_engine_warns_once_and_trains_here(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            "experiment=smoke",
-            f"tracking.uri={store.uri}",
-            f"train.output_dir={tmp_path / 'results'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+    result = run_app(
+        tmp_path,
+        "experiment=smoke",
+        f"tracking.uri={store.uri}",
+        f"train.output_dir={tmp_path / 'results'}",
         timeout=300,
         env=child_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, Store, child_env, make_project, require_docker, sh
+from conftest import BIN, ROOT, Store, child_env, make_project, require_docker, run_app, sh
 
 README = (ROOT / "README.md").read_text()
 
@@ -76,14 +76,7 @@ def test_every_readme_command_is_exercised() -> None:
 
 def test_plain_train_command(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    result = subprocess.run(
-        [str(BIN / "python"), "-m", "reprotrain.train"],
-        cwd=tmp_path,
-        env=child_env(MLFLOW_TRACKING_URI=store.uri),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_app(tmp_path, env=child_env(MLFLOW_TRACKING_URI=store.uri))
     assert result.returncode == 0, result.stderr[-2000:]
     run = store.only_run()
     assert run.data.params["train.steps"] == "500" and run.data.params["model.name"] == "mlp"
@@ -92,20 +85,12 @@ def test_plain_train_command(tmp_path: Path) -> None:
 
 def test_digits_command(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    result = subprocess.run(
-        [
-            str(BIN / "python"),
-            "-m",
-            "reprotrain.train",
-            "data=digits",
-            "train.steps=300",
-            "runtime=local",
-        ],
-        cwd=tmp_path,
+    result = run_app(
+        tmp_path,
+        "data=digits",
+        "train.steps=300",
+        "runtime=local",
         env=child_env(MLFLOW_TRACKING_URI=store.uri),
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     run = store.only_run()

@@ -13,6 +13,7 @@ batch inside the loop, then forward, loss, zero_grad, backward, step (see step.p
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import resource
@@ -383,8 +384,6 @@ def run_tags(config: Config, dataset: Dataset, runtime: str) -> dict[str, str]:
 
 
 def conf_hash(config: Config) -> str:
-    import hashlib
-
     text = OmegaConf.to_yaml(
         OmegaConf.create({k: v for k, v in as_dict(config).items() if k != "conf_digest"})
     )
@@ -392,8 +391,6 @@ def conf_hash(config: Config) -> str:
 
 
 def _arrays_md5(*arrays: np.ndarray) -> str:
-    import hashlib
-
     digest = hashlib.md5()
     for array in arrays:
         digest.update(np.ascontiguousarray(array).data)
