@@ -32,10 +32,14 @@ def is_unreachable(error: BaseException) -> bool:
         return False
     if isinstance(error, requests.exceptions.RequestException):
         return True
+    # MLflow wraps transport failures (refused, reset, a reply cut off mid-body when the
+    # server dies during a request) as "API request to ... failed with exception ...".
     text = str(error)
     return any(
         marker in text
         for marker in (
+            "failed with exception",
+            "Connection broken",
             "Max retries exceeded",
             "Connection refused",
             "ConnectionError",
