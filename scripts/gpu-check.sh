@@ -2,7 +2,7 @@
 # GPU check: run on a machine with an NVIDIA GPU, after scripts/setup.sh (or with PYTHON set to
 # an interpreter that has reprotrain's dependencies and a CUDA build of torch).
 #
-#   scripts/gpu-check.sh              # CUDA vs CPU smoke runs, the gpu tests, the benchmark + crossover
+#   scripts/gpu-check.sh              # CUDA vs CPU smoke runs, fast paths, gpu tests, bench + crossover
 #   scripts/gpu-check.sh --docker     # also build the CUDA image and train in it with --gpus all
 #
 # Prints the figures the README's GPU section quotes; writes everything under results/gpu-check/.
@@ -50,12 +50,31 @@ ratio = runs["cpu"][1]["step_ms_median"] / runs["cuda"][1]["step_ms_median"]
 print(f"cuda step is {ratio:.2f}x the speed of the cpu step at batch 64 (reference MLP)")
 PYCHECK
 
+say "fast paths through the app on cuda: CUDA graph, bf16 + TF32, torch.compile"
+for options in "train.cuda_graphs=true" "train.precision=bf16 train.tf32=true" "train.compile=true"; do
+    slug="${options//[ =.]/-}"
+    # shellcheck disable=SC2086  # options is a list of overrides
+    if ! "$PY" -m reprotrain.train runtime=local device=cuda data.num_samples=8192 train.steps=300 \
+        train.progress=off tracking.uri="$STORE" tracking.run_name="gpu-check-$slug" \
+        train.output_dir="$OUT/$slug" $options; then
+        [ "$options" = "train.compile=true" ] || exit 1
+        echo "gpu-check: torch.compile could not run here (message above); the rest goes on"
+        continue
+    fi
+    "$PY" -c "import json; m = json.load(open('$OUT/$slug/metrics.json')); \
+print('$options: step', round(m['step_ms_median'], 4), 'ms, final loss', m['final_loss'])"
+done
+
 say "tests marked gpu"
 "$PY" -m pytest -m gpu -q
 
 say "benchmark and CPU-vs-GPU crossover study"
-timeout 300 "$PY" -m reprotrain.bench --devices cpu,cuda --crossover --no-dvc \
+timeout 300 "$PY" -m reprotrain.bench --devices cpu,cuda --crossover --no-dvc --no-fastpaths \
     --json "$OUT/bench.json" --tracking-uri "$STORE"
+
+say "each fast path on and off on cuda (bench quick mode, batch 64 and 4096)"
+timeout 240 "$PY" -m reprotrain.bench --quick --devices cuda --batch-sizes 64,4096 --no-dvc \
+    --json "$OUT/fastpaths/bench.json" --tracking-uri "$STORE"
 
 if [ "${1:-}" = "--docker" ]; then
     say "CUDA image, trained with docker run --gpus all"

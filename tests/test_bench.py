@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ import pytest
 import torch
 
 from conftest import PYTHON, ROOT, Store, child_env, require_cuda
+from reprotrain.bench.fastpath import SWITCHES
 from reprotrain.bench.measure import FLOPS_RATIO, RATIOS, VARIANTS
 from reprotrain.bench.reference import bench_dataset
 from reprotrain.bench.report import TARGETS
 from reprotrain.bench.variants import course_loop, reprotrain_step
+from reprotrain.fastpaths import compiler_missing
 
 CPU = torch.device("cpu")
 STEPS, WARMUP = 20, 2
@@ -80,6 +83,37 @@ def check_device(device: dict[str, Any], batch_sizes: list[int]) -> None:
             assert ratio["value"] == pytest.approx(top / bottom, rel=1e-12)
 
 
+def check_fastpaths(study: dict[str, Any], batch_sizes: list[int], device: str = "cpu") -> None:
+    """Every switch is measured or skipped with a reason, and each figure is what it claims."""
+    assert sorted(study, key=int) == [str(b) for b in batch_sizes]
+    for rows in study.values():
+        assert [row["name"] for row in rows] == [switch.name for switch in SWITCHES]
+        for row, switch in zip(rows, SWITCHES, strict=True):
+            if device not in switch.devices:
+                assert row["skipped"] == f"not available on {device}"
+                continue
+            if "skipped" in row:  # only torch.compile may lack a compiler, and says which
+                assert switch.name == "torch.compile" and "cannot build kernels" in row["skipped"]
+                continue
+            assert positive(row["with_samples_per_s"]) and positive(row["without_samples_per_s"])
+            assert len(row["speedups"]) == row["pairs"]
+            assert row["speedup"] == pytest.approx(statistics.median(row["speedups"]), rel=1e-12)
+            if row["pairs"] == 1:
+                assert row["speedup"] == pytest.approx(
+                    row["with_samples_per_s"] / row["without_samples_per_s"], rel=1e-12
+                )
+            if row["same_math"]:  # the same arithmetic: float rounding at most
+                assert row["max_loss_diff"] <= 1e-5, row
+            else:  # bf16 is visibly different, but it still trains the same model
+                assert 0 < row["max_loss_diff"] < 0.05, row
+
+
+def run_metric_keys_cover_fastpaths(store: Store, report: dict[str, Any]) -> bool:
+    metrics = store.client.get_run(report["mlflow"]["run_id"]).data.metrics
+    row = report["fastpaths"]["cpu"]["64"][0]
+    return metrics["cpu/b64/fastpath/fused_adamw/speedup"] == pytest.approx(row["speedup"])
+
+
 def test_quick_bench_measures_every_variant_and_records_the_run(
     tmp_path: Path, store: Store
 ) -> None:
@@ -99,6 +133,10 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
             assert (target["status"] == "PASS") == (measured >= target["threshold"])
         else:
             assert target["status"] == "NOT MEASURED"  # 256 and 4096 were not in --batch-sizes
+
+    check_fastpaths(report["fastpaths"]["cpu"], [64])
+    assert "fast paths on cpu" in stdout
+    assert run_metric_keys_cover_fastpaths(store, report)
 
     assert positive(report["startup"]["median_s"]) and len(report["startup"]["runs_s"]) == 1
     assert report["dvc"] == {"skipped": "--no-dvc"}
@@ -214,6 +252,36 @@ def test_resident_batches_give_the_copied_batches_losses_on_cuda(dataset) -> Non
     torch.testing.assert_close(resident, copied, rtol=1e-6, atol=1e-7)
 
 
+def test_compiled_step_gives_the_eager_losses(dataset) -> None:
+    if compiler_missing():
+        pytest.skip(f"torch.compile cannot build kernels here: {compiler_missing()}")
+    _, compiled = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, train_options={"compile": True})
+    _, eager = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP)
+    assert compiled[0] == pytest.approx(eager[0], rel=1e-6)  # same weights, same first batch
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_autocast_changes_the_losses_only_by_rounding(dataset) -> None:
+    _, bf16 = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, train_options={"precision": "bf16"})
+    _, fp32 = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP)
+    assert bf16 != fp32  # autocast really ran in bf16
+    torch.testing.assert_close(bf16, fp32, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_and_tf32_steps_on_cuda(dataset) -> None:
+    require_cuda()
+    cuda = torch.device("cuda")
+    _, eager = reprotrain_step(cuda, dataset, 64, STEPS, WARMUP)
+    _, graphed = reprotrain_step(
+        cuda, dataset, 64, STEPS, WARMUP, train_options={"cuda_graphs": True}
+    )
+    assert len(graphed) == STEPS and graphed[:3] == eager[:3]  # eager warm-up steps
+    torch.testing.assert_close(graphed, eager, rtol=1e-5, atol=1e-6)
+    _, tf32 = reprotrain_step(cuda, dataset, 64, STEPS, WARMUP, train_options={"tf32": True})
+    torch.testing.assert_close(tf32, eager, rtol=1e-2, atol=1e-2)
+
+
 def test_log_every_does_not_change_the_losses(dataset) -> None:
     _, every_step = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, log_every=1)
     _, every_25 = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, log_every=25)
@@ -284,6 +352,7 @@ def test_quick_bench_on_cuda_measures_both_halves(tmp_path: Path, store: Store) 
     )
     for device in ("cpu", "cuda"):
         check_device(report["devices"][device], [4, 64])
+        check_fastpaths(report["fastpaths"][device], [64], device)
     cuda64 = report["devices"]["cuda"]["batches"]["64"]["variants"]
     assert all(positive(variant["cuda_peak_mb"]) for variant in cuda64.values())
     study = report["crossover"]

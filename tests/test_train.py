@@ -215,6 +215,27 @@ def test_diverging_loss_ends_failed_with_the_step(tmp_path: Path, store: Store) 
     assert "the loss became" in run.data.tags["error"]
 
 
+def test_nonfinite_warn_records_the_nan_steps_and_finishes(tmp_path: Path, store: Store) -> None:
+    result = train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "optimizer=sgd",
+        "optimizer.lr=1e12",
+        "train.nonfinite=warn",
+    )
+    warnings = [line for line in result.stderr.splitlines() if "reprotrain: warning:" in line]
+    assert len(warnings) == 1 and "training goes on (train.nonfinite=warn)" in warnings[0]
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    losses = [value for _, value in store.losses(run.info.run_id)]
+    assert len(losses) == SMOKE_STEPS  # every step logged, the NaN ones included
+    nan_steps = sum(value != value for value in losses)
+    assert nan_steps > 0 and run.data.metrics["train/nonfinite_steps"] == nan_steps
+    metrics = json.loads((tmp_path / "results" / "metrics.json").read_text())  # strict JSON
+    assert metrics["nonfinite_steps"] == nan_steps and metrics["final_loss"] is None
+
+
 @pytest.mark.gpu
 def test_cuda_run_names_the_gpu(tmp_path: Path, store: Store) -> None:
     require_cuda()

@@ -39,7 +39,9 @@ def fingerprint(config: Config) -> str:
     """What must match to continue: model, optimizer, data, batch size, seed (not the step count)."""
     tree = as_dict(config)
     kept = {k: tree[k] for k in ("model", "optimizer", "data")}
-    kept["train"] = {k: tree["train"][k] for k in ("batch_size", "seed", "deterministic")}
+    # precision and tf32 change the arithmetic; compile and cuda_graphs do not.
+    same_math = ("batch_size", "seed", "deterministic", "precision", "tf32")
+    kept["train"] = {k: tree["train"][k] for k in same_math}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 

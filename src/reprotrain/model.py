@@ -48,8 +48,12 @@ def build_model(cfg: ModelConfig, in_features: int, num_classes: int) -> MLP:
 
 
 def build_optimizer(
-    cfg: AdamWConfig | AdamConfig | SGDConfig, params: Iterable[nn.Parameter], device: torch.device
+    cfg: AdamWConfig | AdamConfig | SGDConfig,
+    params: Iterable[nn.Parameter],
+    device: torch.device,
+    capturable: bool = False,
 ) -> torch.optim.Optimizer:
+    """`capturable`: Adam(W) keeps its step count on the device, as CUDA graph capture needs."""
     params = list(params)
     if isinstance(cfg, SGDConfig):
         return torch.optim.SGD(
@@ -71,6 +75,7 @@ def build_optimizer(
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
         fused=fused or None,
+        capturable=capturable,
     )
 
 

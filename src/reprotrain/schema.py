@@ -22,6 +22,8 @@ DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
 RUNTIME_MODES = ("auto", "docker", "local")
 PROGRESS_MODES = ("auto", "bar", "lines", "off")
 DATASETS = ("synthetic", "digits")
+NONFINITE_MODES = ("stop", "warn")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -97,6 +99,12 @@ class TrainConfig:
     threads: str = "auto"  # auto or a positive integer
     checkpoint_every: int = 100  # steps between checkpoints (0: only when stopped)
     resume: str | None = None  # an MLflow run id, or "last", to continue from its checkpoint
+    nonfinite: str = "stop"  # a NaN/inf loss: stop (run FAILED) or warn (log it, go on)
+    # Fast paths that change how (or in what precision) the step is computed: off by default.
+    compile: bool = False  # torch.compile the model (forward and backward)
+    cuda_graphs: bool = False  # capture the whole step once, replay it every step (CUDA)
+    precision: str = "fp32"  # fp32, or bf16: forward and loss under bf16 autocast
+    tf32: bool = False  # TF32 tensor-core matmuls (CUDA, Ampere and newer)
 
 
 @dataclass
@@ -174,6 +182,8 @@ RANGES: dict[str, tuple[Any, str]] = {
         lambda v: v.lower() in ("auto", "true", "false"),
         "auto, true or false",
     ),
+    "train.nonfinite": (lambda v: v in NONFINITE_MODES, "one of " + ", ".join(NONFINITE_MODES)),
+    "train.precision": (lambda v: v in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
     "train.threads": (
         lambda v: v == "auto" or (v.isdigit() and int(v) >= 1),
         "auto or an integer >= 1",
@@ -280,6 +290,18 @@ def _check_cross_field(config: Config) -> None:
             f"(device.type={config.device.type!r})",
             hint="use device=cuda device.index=N, or drop device.index",
         )
+    if train.compile and train.cuda_graphs:
+        raise ConfigError(
+            "train.compile=true and train.cuda_graphs=true: pick one (torch.compile has its own "
+            "CUDA-graph mode)",
+            hint="set train.compile=false or train.cuda_graphs=false",
+        )
+    for key in ("cuda_graphs", "tf32"):
+        if getattr(train, key) and config.device.type in ("cpu", "mps"):
+            raise ConfigError(
+                f"train.{key}=true needs a CUDA GPU, but device={config.device.type}",
+                hint=f"set train.{key}=false, or train on a GPU with device=cuda",
+            )
 
 
 def _split_device_index(device: DeviceConfig) -> None:

@@ -12,7 +12,9 @@ so the loop reads losses in batches every `log_every` steps instead of every ste
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,11 +42,14 @@ def train_step(
     loss_fn: nn.Module,
     optimizer: torch.optim.Optimizer,
     mark: Callable[[str], None] = _no_mark,
+    autocast: Any = contextlib.nullcontext(),  # noqa: B008 (stateless, shared on purpose)
 ) -> torch.Tensor:
-    """Forward, loss, zero_grad, backward, step. `mark` stamps the timing boundaries."""
+    """Forward, loss, zero_grad, backward, step. `mark` stamps the timing boundaries;
+    `autocast` is bf16 autocast with train.precision=bf16, else a no-op."""
     try:
-        logits = model(inputs)  # 1. forward
-        loss = loss_fn(logits, targets)  # 2. loss
+        with autocast:
+            logits = model(inputs)  # 1. forward
+            loss = loss_fn(logits, targets)  # 2. loss
     except RuntimeError as error:
         raise _explain_device_mismatch(error, model, inputs, targets) from error
     mark("forward")

@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from reprotrain import __version__, overrides
+from reprotrain import __version__, fastpaths, overrides
 from reprotrain.checkpoint import (
     checkpoint_path,
     find_checkpoint,
@@ -59,7 +60,7 @@ from reprotrain.outputs import (
 from reprotrain.progress import Progress
 from reprotrain.project import conf_digest, default_tracking_uri, find_root, git_state
 from reprotrain.schema import Config, as_dict, flatten, validate
-from reprotrain.step import evaluate, move_batch_to_device, train_step
+from reprotrain.step import evaluate, move_batch_to_device
 from reprotrain.timing import PHASES, PhaseClock, TimingSummary
 from reprotrain.tracking import (
     GracefulStop,
@@ -70,9 +71,20 @@ from reprotrain.tracking import (
 )
 
 
+@dataclass
+class Fitted:
+    """What fit() leaves: the figures for metrics.json, the loss curve and the trained model."""
+
+    metrics: dict[str, Any]
+    steps: list[int]
+    losses: list[float]
+    model: nn.Module
+
+
 def run(config: Config, runtime: str = "local") -> dict[str, Any]:
     """Train once as `config` says; returns the metrics written to metrics.json."""
     device = resolve_device(config.device.type, config.device.index)  # fail before any run exists
+    fastpaths.check(config.train, device)
     set_threads(config.train.threads)
     seed_everything(config.train.seed, config.train.deterministic, device)
     dataset = load_dataset(config.data)
@@ -101,20 +113,21 @@ def run(config: Config, runtime: str = "local") -> dict[str, Any]:
     )
     with tracker as tracked:
         try:
-            result = fit(config, device, dataset, tracked, stop=stop, resume_from=resume_from)
+            fitted = fit(config, device, dataset, tracked, stop=stop, resume_from=resume_from)
         except torch.OutOfMemoryError:
             raise out_of_memory(device, config, dataset) from None
         except RuntimeError as error:  # the CPU allocator's OOM is a plain RuntimeError
             if "can't allocate memory" not in str(error):
                 raise
             raise out_of_memory(device, config, dataset) from None
+        result = fitted.metrics
         result.update(
             run_id=tracked.run_id,
             tracking_uri=uri if config.tracking.enabled else None,
             device=info.type,
             device_name=info.name,
         )
-        write_outputs(config, out_dir, result, tracked)
+        write_outputs(config, out_dir, fitted, tracked)
     return result
 
 
@@ -140,11 +153,16 @@ def fit(
     tracked: Any,
     stop: GracefulStop | None = None,
     resume_from: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Fitted:
     train = config.train
     model = build_model(config.model, dataset.num_features, dataset.num_classes).to(device)  # once
-    optimizer = build_optimizer(config.optimizer, model.parameters(), device)
+    optimizer = build_optimizer(
+        config.optimizer, model.parameters(), device, capturable=train.cuda_graphs
+    )
     loss_fn = nn.CrossEntropyLoss()
+    # step.train_step (forward, loss, zero_grad, backward, step), or its compiled or
+    # CUDA-graph form when train.compile / train.cuda_graphs ask for it.
+    step_fn = fastpaths.step_function(train, device, model, loss_fn, optimizer)
     resident = train.resident_data == "true" or (
         train.resident_data == "auto" and fits_on_device(dataset, device)
     )
@@ -155,6 +173,7 @@ def fit(
     warmup_end = start + train.warmup_steps
     clock, summary = PhaseClock(device), TimingSummary(warmup_end)
     pending: list[torch.Tensor] = []
+    nonfinite: list[int] = []  # steps whose loss was NaN/inf (train.nonfinite=warn goes on)
     progress = Progress(total, train.progress)
     startup_s = time.time() - psutil.Process().create_time()
     measure_from = None
@@ -178,7 +197,15 @@ def fit(
         values = torch.stack(pending).cpu().tolist()  # sync point: one read per log_every
         first = step - len(pending) + 1
         pending.clear()
-        check_finite(values, first, losses)
+        bad = check_finite(values, first, losses, train.nonfinite)
+        if bad and not nonfinite:
+            print(
+                f"reprotrain: warning: the loss became {values[bad[0] - first]} at step {bad[0]}; "
+                "training goes on (train.nonfinite=warn)",
+                file=sys.stderr,
+                flush=True,
+            )
+        nonfinite.extend(bad)
         for offset, value in enumerate(values):
             tracked.log_metric("train/loss", value, first + offset)
         window = clock.drain()
@@ -200,7 +227,7 @@ def fit(
             clock.start_step()
             inputs, targets = move_batch_to_device(batch, device)  # every batch, inside the loop
             clock.mark("data_to_device")
-            pending.append(train_step(model, inputs, targets, loss_fn, optimizer, mark=clock.mark))
+            pending.append(step_fn(inputs, targets, clock.mark))  # the training step
             clock.end_step(step)
             if step == warmup_end:
                 synchronize(device)  # sync point: the throughput clock starts after warm-up
@@ -239,14 +266,13 @@ def fit(
         "train_flops_per_s": samples_per_s * training_flops_per_sample(model),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "resident_data": resident,
+        "nonfinite_steps": len(nonfinite),
         **{f"{phase}_ms_mean": summary.mean(phase) for phase in PHASES},
     }
     if device.type == "cuda":
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     tracked.log_metrics(summary_metrics(result), step=total)
-    result["_curve"] = (steps, losses)
-    result["_model"] = model
-    return result
+    return Fitted(result, steps, losses, model)
 
 
 def restore(
@@ -283,15 +309,24 @@ def out_of_memory(device: torch.device, config: Config, dataset: Dataset) -> Dev
     )
 
 
-def check_finite(values: list[float], first_step: int, history: list[float]) -> None:
+def check_finite(
+    values: list[float], first_step: int, history: list[float], mode: str = "stop"
+) -> list[int]:
+    """The steps whose loss is NaN/inf; under train.nonfinite=stop the first one ends the run."""
+    bad = []
     for offset, value in enumerate(values):
-        if not np.isfinite(value):
+        if np.isfinite(value):
+            continue
+        if mode == "stop":
             finite = [v for v in history + values[:offset] if np.isfinite(v)]
             last = f"{finite[-1]:.6g}" if finite else "none"
             raise UserError(
                 f"the loss became {value} at step {first_step + offset} (last finite loss {last})",
-                hint="lower optimizer.lr, check the data for NaN/inf, or use a smaller model",
+                hint="lower optimizer.lr, check the data for NaN/inf, or use a smaller model "
+                "(train.nonfinite=warn logs it and goes on)",
             )
+        bad.append(first_step + offset)
+    return bad
 
 
 def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
@@ -303,6 +338,7 @@ def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
         "time/startup_s": result["startup_s"],
         "time/total_s": result["total_s"],
         "memory/peak_rss_mb": result["peak_rss_mb"],
+        "train/nonfinite_steps": result["nonfinite_steps"],
         **{f"time/{phase}_ms": result[f"{phase}_ms_mean"] for phase in PHASES},
     }
     if "cuda_peak_mb" in result:
@@ -310,9 +346,8 @@ def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if np.isfinite(v)}
 
 
-def write_outputs(config: Config, out_dir: Path, result: dict[str, Any], tracked: Any) -> None:
-    steps, losses = result.pop("_curve")
-    model = result.pop("_model")
+def write_outputs(config: Config, out_dir: Path, fitted: Fitted, tracked: Any) -> None:
+    result, steps, losses, model = fitted.metrics, fitted.steps, fitted.losses, fitted.model
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(as_dict(config)))
     files = [
         write_text(out_dir / "config.yaml", config_yaml),
@@ -335,7 +370,13 @@ def write_outputs(config: Config, out_dir: Path, result: dict[str, Any], tracked
     ]
     for path in files:
         tracked.log_artifact(path)
-    write_json(out_dir / "metrics.json", result)  # last: its presence means the run completed
+    # NaN is not JSON: a value that could not be measured (or a NaN loss under
+    # train.nonfinite=warn) is written as null. Last: its presence means the run completed.
+    write_json(out_dir / "metrics.json", {k: _json_value(v) for k, v in result.items()})
+
+
+def _json_value(value: Any) -> Any:
+    return None if isinstance(value, float) and not np.isfinite(value) else value
 
 
 def check_output_dir(out_dir: Path) -> Path:

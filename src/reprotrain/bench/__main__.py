@@ -12,7 +12,8 @@ For each device and batch size, on the reference MLP (784 -> 512 -> 10, AdamW lr
     c      reprotrain's fit() with tracking off
     d      PyTorch Lightning with MLFlowLogger, logging the loss every step (the `bench` extra)
     bound  forward, loss, backward only, on device-resident data: the ceiling for b
-plus the machine's fp32 matmul FLOP/s, the start-up time of `python -m reprotrain.train`, and
+plus each fast path switched on and off against c (bench/fastpath.py), the machine's fp32
+matmul FLOP/s, the start-up time of `python -m reprotrain.train`, and
 `dvc repro` with nothing to do. Results: a table on stdout, results/bench.json, and an MLflow
 run in experiment `reprotrain-bench` (crossover points are its child runs).
 
@@ -42,6 +43,7 @@ from reprotrain.bench.crossover import (
     log_crossover_children,
     write_crossover_plot,
 )
+from reprotrain.bench.fastpath import fastpath_study
 from reprotrain.bench.measure import measure_device
 from reprotrain.bench.reference import (
     EXPERIMENT,
@@ -107,6 +109,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--crossover-only", action="store_true", help="run only the crossover study"
     )
     parser.add_argument("--no-dvc", action="store_true", help="skip timing `dvc repro`")
+    parser.add_argument(
+        "--no-fastpaths", action="store_true", help="skip measuring each fast path on and off"
+    )
     return parser.parse_args(argv)
 
 
@@ -170,6 +175,19 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                     report["devices"][device.type] = measure_device(
                         device, args.batch_sizes, plan, dataset, workdir, say
                     )
+                if not args.no_fastpaths:
+                    report["fastpaths"] = {
+                        device.type: fastpath_study(
+                            device,
+                            dataset,
+                            fastpath_batches(args.batch_sizes),
+                            plan.steps,
+                            plan.warmup,
+                            plan.fastpath_pairs,
+                            say,
+                        )
+                        for device in devices
+                    }
                 report["targets"] = check_targets(report["devices"])
                 say("start-up of python -m reprotrain.train ...")
                 report["startup"] = startup_time(plan.startup_repeats, workdir)
@@ -197,6 +215,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def fastpath_batches(batch_sizes: list[int]) -> list[int]:
+    """The fast paths at batch 64 (a small step, where overheads show) and the largest batch."""
+    chosen = [b for b in (64, max(batch_sizes)) if b in batch_sizes]
+    return sorted(set(chosen)) or [batch_sizes[0]]
+
+
 def bench_settings(
     args: argparse.Namespace, plan: Plan, devices: list[torch.device], crossover: bool
 ) -> dict[str, Any]:
@@ -215,6 +239,9 @@ def bench_settings(
         "crossover": crossover,
         "hidden_sizes": args.hidden_sizes if crossover else [],
         "crossover_only": args.crossover_only,
+        "fastpaths": not args.no_fastpaths,
+        "fastpath_batch_sizes": fastpath_batches(args.batch_sizes),
+        "fastpath_pairs": plan.fastpath_pairs,
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +40,7 @@ class Plan:
     matmul_repeats: int
     startup_repeats: int
     dvc_repeats: int
+    fastpath_pairs: int
 
     def steps(self, batch_size: int) -> int:
         return _clamp(self.sample_budget // batch_size, self.min_steps, self.max_steps)
@@ -65,6 +67,7 @@ QUICK = Plan(
     matmul_repeats=5,
     startup_repeats=1,
     dvc_repeats=1,
+    fastpath_pairs=1,
 )
 FULL = Plan(
     mode="full",
@@ -80,6 +83,7 @@ FULL = Plan(
     matmul_repeats=7,
     startup_repeats=3,
     dvc_repeats=3,
+    fastpath_pairs=3,
 )
 
 
@@ -94,6 +98,7 @@ def bench_config(
     log_every: int = LOG_EVERY,
     resident: str = "auto",
     fused: bool | None = None,
+    train_options: dict[str, Any] | None = None,
     num_samples: int = 8192,
 ) -> Config:
     """The config fit() gets: conf/'s defaults with the benchmark's sizes (progress off)."""
@@ -124,6 +129,7 @@ def bench_config(
                 # fit() saves none: a, d and the bound write no checkpoint, and a save inside
                 # the timed window would be charged to b and c alone.
                 "checkpoint_every": 0,
+                **(train_options or {}),
             },
             "tracking": {"enabled": tracking, "experiment": f"{EXPERIMENT}-steps"},
             "runtime": {"mode": "local"},

@@ -62,6 +62,8 @@ def format_report(report: dict[str, Any]) -> str:
         out.append(f"not measured: {note}")
     for kind, device in report["devices"].items():
         out += _device_tables(kind, device)
+    for kind, batches in report.get("fastpaths", {}).items():
+        out += _fastpath_table(kind, batches)
     if report.get("targets"):
         out += ["", "targets", _targets_table(report["targets"])]
     out.append("")
@@ -118,6 +120,35 @@ def _device_tables(kind: str, device: dict[str, Any]) -> list[str]:
         ]
         out += ["", "peak CUDA memory allocated, MB"]
         out.append(_table(["batch", *names], memory_rows))
+    return out
+
+
+def _fastpath_table(kind: str, batches: dict[str, Any]) -> list[str]:
+    out = [
+        "",
+        f"fast paths on {kind} (tracking off; speedup = samples/s with the path / without it, "
+        "median of alternating pairs)",
+    ]
+    rows = []
+    for batch, entries in batches.items():
+        for e in entries:
+            if "skipped" in e:
+                rows.append([batch, e["name"], e["option"], "-", "-", "-", "-", e["skipped"]])
+                continue
+            rows.append(
+                [
+                    batch,
+                    e["name"],
+                    e["option"],
+                    "on" if e["on_by_default"] else "off",
+                    f"x{e['speedup']:.2f}",
+                    f"{e['max_loss_diff']:.1e}",
+                    "-" if e["one_off_s"] is None else f"{e['one_off_s']:.1f}",
+                    "same math" if e["same_math"] else "changes the losses",
+                ]
+            )
+    headers = ["batch", "fast path", "option", "default", "speedup", "max |dloss|", "one-off s", ""]
+    out.append(_table(headers, rows))
     return out
 
 
@@ -200,6 +231,12 @@ def metrics_of(report: dict[str, Any]) -> dict[str, float]:
             for name, ratio in entry["ratios"].items():
                 key = name.replace("/", "_over_")
                 metrics[f"{kind}/b{batch}/ratio/{key}"] = ratio["value"]
+    for kind, batches in report.get("fastpaths", {}).items():
+        for batch, entries in batches.items():
+            for e in entries:
+                slug = e["name"].lower().replace(" ", "_").replace(".", "_")
+                for key in ("speedup", "max_loss_diff", "one_off_s"):
+                    metrics[f"{kind}/b{batch}/fastpath/{slug}/{key}"] = e.get(key)
     for key in ("startup", "dvc"):
         if "median_s" in report.get(key, {}):
             metrics[f"{key}_s"] = report[key]["median_s"]

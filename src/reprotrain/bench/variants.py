@@ -70,8 +70,10 @@ def reprotrain_step(
     log_every: int = LOG_EVERY,
     resident: str = "auto",
     fused: bool | None = None,
+    train_options: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[float]]:
-    """(b) with a tracking URI, (c) without: reprotrain's own loop, train.fit()."""
+    """(b) with a tracking URI, (c) without: reprotrain's own loop, train.fit().
+    `train_options`: more train.* settings (the fast-path study's switches)."""
     from reprotrain.train import fit
 
     config = bench_config(
@@ -84,6 +86,7 @@ def reprotrain_step(
         log_every=log_every,
         resident=resident,
         fused=fused,
+        train_options=train_options,
         num_samples=dataset.x_train.shape[0] + dataset.x_val.shape[0],
     )
     tracker: TrackedRun | NoRun = NoRun()
@@ -100,13 +103,14 @@ def reprotrain_step(
     torch.manual_seed(SEED)  # fit() builds its model first: the same weights as the others
     flush_s = 0.0
     with tracker as tracked:
-        result = fit(config, device, dataset, tracked)
+        fitted = fit(config, device, dataset, tracked)
         if isinstance(tracked, TrackedRun):
             # A short run may never reach a flush inside fit(); its buffered points are sent
             # here. Count that send in b's window (all of it, warm-up points included).
             began = time.perf_counter()
             tracked.metrics.flush()
             flush_s = time.perf_counter() - began
+    result = fitted.metrics
     measured = steps - warmup
     fit_window_s = measured * batch_size / result["samples_per_s"]
     out = {
@@ -120,7 +124,7 @@ def reprotrain_step(
         **{f"{phase}_ms_mean": result[f"{phase}_ms_mean"] for phase in PHASES},
         **memory(device),
     }
-    return out, list(result["_curve"][1])
+    return out, fitted.losses
 
 
 def lightning_or_reason(
