@@ -25,6 +25,8 @@ COVERED = {
     "python -m reprotrain.train data=digits train.steps=300": "test_readme::test_digits_command",
     "python -m reprotrain.train --multirun optimizer=adamw,sgd train.batch_size=32,256": "test_train::test_multirun_groups_runs_under_a_parent",
     "python -m reprotrain.train --cfg job": "test_train::test_cfg_job_prints_the_composed_config",
+    "python -m reprotrain.train runtime=local train.compile=true": "test_readme::test_compile_command",
+    "python -m reprotrain.train device=cuda train.cuda_graphs=true": "scripts/gpu-check.sh (fast paths)",
     "python -m reprotrain.train optimizer.lr=-1": "test_bad_input::test_bad_input_is_one_clear_line",
     "python -m reprotrain.train device=cuda": "test_bad_input::test_bad_input_is_one_clear_line",
     "dvc repro": "test_pipeline::test_repro_runs_once_then_is_a_no_op",
@@ -80,6 +82,24 @@ def test_plain_train_command(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     run = store.only_run()
     assert run.data.params["train.steps"] == "500" and run.data.params["model.name"] == "mlp"
+    assert len(store.losses(run.info.run_id)) == 500
+
+
+def test_compile_command(tmp_path: Path) -> None:
+    from reprotrain.fastpaths import compiler_missing
+
+    if compiler_missing():
+        pytest.skip(f"torch.compile cannot build kernels here: {compiler_missing()}")
+    store = Store(tmp_path)
+    result = run_app(
+        tmp_path,
+        "runtime=local",
+        "train.compile=true",
+        env=child_env(MLFLOW_TRACKING_URI=store.uri),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = store.only_run()
+    assert run.info.status == "FINISHED" and run.data.params["train.compile"] == "True"
     assert len(store.losses(run.info.run_id)) == 500
 
 
