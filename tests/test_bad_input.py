@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import PYTHON, Store, child_env, train
+from conftest import PYTHON, Store, child_env, run_app, train
 
 CASES = {
     # overrides: a substring the one-line message must contain
@@ -46,6 +47,14 @@ CASES = {
     ),
     "missing data file": (["data.file=/nonexistent/data.npz"], "does not exist"),
     "model too big for memory": (["model.hidden_size=2000000000"], "out of memory on cpu"),
+    "unknown non-finite mode": (["train.nonfinite=maybe"], "train.nonfinite='maybe' is out of"),
+    "unknown precision": (["train.precision=fp8"], "train.precision='fp8' is out of range"),
+    "tf32 on the cpu": (["device=cpu", "train.tf32=true"], "train.tf32=true needs a CUDA GPU"),
+    "cuda graphs, no gpu": (["train.cuda_graphs=true"], "train.cuda_graphs=true needs a CUDA"),
+    "compile and cuda graphs": (
+        ["train.compile=true", "train.cuda_graphs=true"],
+        "train.compile=true and train.cuda_graphs=true: pick one",
+    ),
 }
 
 
@@ -87,6 +96,18 @@ def test_full_traceback_on_request(tmp_path: Path, store: Store) -> None:
         env=child_env(HYDRA_FULL_ERROR="1"),
     )
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_compile_without_a_compiler_says_what_is_missing(tmp_path: Path, store: Store) -> None:
+    result = train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "train.compile=true",
+        check=False,
+        env=child_env(CXX="reprotrain-no-such-c++"),
+    )
+    assert_clean_failure(result, "'reprotrain-no-such-c++' is not on PATH", store)
 
 
 def test_cuda_in_a_container_hints_at_gpus_all(tmp_path: Path, store: Store) -> None:
@@ -151,3 +172,54 @@ def test_unwritable_output_folder(tmp_path: Path, store: Store) -> None:
         result, "train.output_dir='/proc/reprotrain-results' cannot be written", store
     )
     assert not store.path.exists() or store.runs() == []  # checked before any run is created
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs: room for config.yaml and loss.png, not for model.pt or a checkpoint."""
+    folder = tmp_path / "full-disk"
+    folder.mkdir()
+    try:
+        mount = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)],
+            capture_output=True,
+            text=True,
+        )
+        problem = mount.stderr.strip() if mount.returncode != 0 else ""
+    except OSError as error:
+        problem = str(error)
+    if problem:
+        pytest.skip(
+            "simulating a full disk needs to mount a small tmpfs (root, or CAP_SYS_ADMIN in a "
+            f"container), and mount failed: {problem}"
+        )
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize(
+    "overrides,failing_file",
+    [([], "model.pt"), (["train.checkpoint_every=10"], "checkpoints/")],
+    ids=["final outputs", "checkpoint mid-run"],
+)
+def test_full_disk_is_one_clear_line_and_leaves_no_partial_file(
+    tmp_path: Path, store: Store, full_disk: Path, overrides: list[str], failing_file: str
+) -> None:
+    result = run_app(
+        tmp_path,
+        "runtime=local",
+        "experiment=smoke",
+        f"tracking.uri={store.uri}",
+        f"train.output_dir={full_disk}",
+        *overrides,
+        timeout=300,
+    )
+    assert_clean_failure(result, f"no space left on device while writing '{full_disk}/", store)
+    error = result.stderr.split("reprotrain: error: ")[1]
+    assert f"{full_disk}/{failing_file}" in error and "fix: free space" in error
+    run = store.only_run()
+    assert run.info.status == "FAILED" and "no space left on device" in run.data.tags["error"]
+    left = {str(path.relative_to(full_disk)) for path in full_disk.rglob("*") if path.is_file()}
+    assert left <= {"config.yaml", "loss.png"}, left  # finished files only: no temp, no model.pt

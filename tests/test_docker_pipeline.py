@@ -28,6 +28,7 @@ from conftest import (
     require_chromium,
     require_docker,
     run_app,
+    wait_for_losses,
 )
 
 pytestmark = pytest.mark.docker
@@ -230,26 +231,13 @@ def test_run_page_in_chromium_shows_device_loss_chart_and_artifacts(
         browser.close()
 
 
-@pytest.mark.parametrize("how,status,code", [("kill", "KILLED", 137), ("stop", "KILLED", 143)])
-def test_container_stopped_mid_run_ends_the_run(
-    tmp_path: Path, how: str, status: str, code: int
-) -> None:
-    require_docker()
-    from reprotrain.tracking import prepare_store
-
-    repo = make_project(tmp_path / "project", runtime="docker")
-    store = Store(repo)
-    prepare_store(store.uri)
+def stop_container_mid_run(
+    repo: Path, store: Store, how: str, losses: int, *overrides: str
+) -> tuple[int, str]:
+    """`python -m reprotrain.train OVERRIDES` in `repo`; once its run has `losses` losses,
+    `docker stop` / `docker kill` its container. Returns the launcher's exit code and stderr."""
     proc = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            "train.steps=1000000",
-            "train.log_every=10",
-            "tracking.flush_every_s=0.2",
-            "data.num_samples=2048",
-        ],
+        [PYTHON, "-m", "reprotrain.train", *overrides],
         cwd=repo,
         env=child_env(),
         stderr=subprocess.PIPE,
@@ -257,15 +245,9 @@ def test_container_stopped_mid_run_ends_the_run(
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 900  # the first call may build the image
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
-            runs = store.runs()
-            if runs and len(store.losses(runs[0].info.run_id)) >= 30:
-                break
-            time.sleep(0.5)
-        names = subprocess.run(
-            ["docker", "ps", "--filter", "name=reprotrain-cpu-", "--format", "{{.Names}}"],
+        wait_for_losses(store, losses, proc, timeout=900)  # the first call may build the image
+        names = subprocess.run(  # the one container with this project mounted
+            ["docker", "ps", "--filter", f"volume={repo}", "--format", "{{.Names}}"],
             capture_output=True,
             text=True,
             check=True,
@@ -276,11 +258,87 @@ def test_container_stopped_mid_run_ends_the_run(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    return proc.returncode, stderr
+
+
+@pytest.mark.parametrize("how,status,code", [("kill", "KILLED", 137), ("stop", "KILLED", 143)])
+def test_container_stopped_mid_run_ends_the_run(
+    tmp_path: Path, how: str, status: str, code: int
+) -> None:
+    require_docker()
+    from reprotrain.tracking import prepare_store
+
+    repo = make_project(tmp_path / "project", runtime="docker")
+    store = Store(repo)
+    prepare_store(store.uri)
+    returncode, stderr = stop_container_mid_run(
+        repo,
+        store,
+        how,
+        30,
+        "train.steps=1000000",
+        "train.log_every=10",
+        "tracking.flush_every_s=0.2",
+        "data.num_samples=2048",
+    )
+    assert returncode != 0
     assert f"exited with code {code}" in stderr and "Traceback" not in stderr
     run = store.only_run()
     assert run.info.status == status
     assert len(store.losses(run.info.run_id)) >= 30  # the metrics sent before the end are kept
+
+
+# Long enough that `docker stop` lands mid-run; threads fixed, so the container (whose
+# thread count follows its CPU quota) and this process compute alike.
+STOP_RESUME_RUN = (
+    "device=cpu",
+    "train.threads=2",
+    "train.steps=6000",
+    "train.log_every=10",
+    "train.checkpoint_every=500",
+    "tracking.flush_every_s=0.2",
+    "data.num_samples=2048",
+)
+
+
+def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path: Path) -> None:
+    require_docker()
+    import torch
+
+    from reprotrain.tracking import prepare_store
+
+    repo = make_project(tmp_path / "project", runtime="docker")
+    store = Store(repo)
+    prepare_store(store.uri)
+    returncode, stderr = stop_container_mid_run(repo, store, "stop", 100, *STOP_RESUME_RUN)
+    assert returncode == 143, stderr[-3000:]  # as a local run stopped by SIGTERM
+    assert "exited with code 143" in stderr and "Traceback" not in stderr
+    stopped = store.only_run()
+    assert stopped.info.status == "KILLED" and stopped.data.tags["runtime"] == "docker-cpu"
+    done = len(store.losses(stopped.info.run_id))
+    assert 100 <= done < 6000
+    assert [step for step, _ in store.losses(stopped.info.run_id)] == list(range(1, done + 1))
+    checkpoint = repo / "results" / "checkpoints" / f"{stopped.info.run_id}.pt"
+    assert torch.load(checkpoint, weights_only=True)["step"] == done  # written at the stop
+
+    resumed = run_app(repo, *STOP_RESUME_RUN, "train.resume=last", timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run = store.only_run()  # the same MLflow run, continued; no other run created
+    assert run.info.run_id == stopped.info.run_id and run.info.status == "FINISHED"
+    history = store.losses(run.info.run_id)
+    assert [step for step, _ in history] == list(range(1, 6001))
+
+    reference = Store(tmp_path)  # uninterrupted, in this process's torch (the same build)
+    uninterrupted = run_app(
+        tmp_path,
+        *STOP_RESUME_RUN,
+        "runtime=local",
+        f"tracking.uri={reference.uri}",
+        f"train.output_dir={tmp_path / 'reference'}",
+        timeout=900,
+    )
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    assert history == reference.losses(reference.only_run().info.run_id)
 
 
 def test_runtime_docker_without_an_engine_is_a_clear_error(tmp_path: Path) -> None:

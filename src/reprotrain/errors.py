@@ -46,6 +46,10 @@ class RuntimeEnvError(UserError):
     """The container runtime (Docker engine, NVIDIA toolkit, image build) is not usable."""
 
 
+class DiskFullError(UserError):
+    """The file system an output goes to has no room left (ENOSPC / EDQUOT)."""
+
+
 def full_errors_requested() -> bool:
     """Hydra's convention: HYDRA_FULL_ERROR=1 shows full tracebacks."""
     return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")

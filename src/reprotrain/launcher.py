@@ -89,13 +89,14 @@ def run_in_docker(config: Config) -> None:
 
     root = find_root()
     kind = image_kind(config)
+    resumed = resumed_run_id(config)  # a missing or mismatched checkpoint fails before a build
     image = ensure_image(kind, root)
     uri = config.tracking.uri or default_tracking_uri()
     run_id = ""
     if config.tracking.enabled:
         check_store(uri, config.tracking.connect_timeout_s)
         prepare_store(uri)
-        run_id = create_run(config, uri, kind)
+        run_id = resumed or create_run(config, uri, kind)
     commit, dirty = git_state(root)
     config_file = write_launch_config(root, config)
     env = {
@@ -142,12 +143,26 @@ def run_in_docker(config: Config) -> None:
         config_file.unlink(missing_ok=True)
         if run_id:
             end_if_running(uri, run_id, code)
+    if code in (130, 143):  # stopped by Ctrl-C / docker stop: end as a local run would
+        from reprotrain.tracking import Interrupted
+
+        raise Interrupted(code - 128)
     if code != 0:
         raise RuntimeEnvError(
             f"the training container ({image.tag}) exited with code {code}",
-            hint="see its last log lines above; 137 = killed (docker kill or out of memory), "
-            "143 = stopped (docker stop)",
+            hint="see its last log lines above; 137 = killed (docker kill or out of memory)",
         )
+
+
+def resumed_run_id(config: Config) -> str:
+    """train.resume continues the MLflow run its checkpoint belongs to: hand that run in
+    rather than create one (which would be left empty, ended FAILED)."""
+    if not config.train.resume:
+        return ""
+    from reprotrain.checkpoint import find_checkpoint, fingerprint, load_checkpoint
+
+    path = find_checkpoint(config.train.output_dir, config.train.resume)
+    return load_checkpoint(path, fingerprint(config))["run_id"]
 
 
 def outside_paths(config: Config, uri: str) -> tuple[Path, ...]:

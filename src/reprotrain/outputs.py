@@ -6,15 +6,18 @@
     loss.png      the loss curve; config.yaml the resolved config
 
 Every file is written to a temporary name and renamed, so an interrupted run never
-leaves a half-written file that DVC would cache as good.
+leaves a half-written file that DVC would cache as good. A full disk is one error line
+naming the file (`DiskFullError`), and the temporary file is removed.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,20 +25,80 @@ from typing import IO, Any
 
 import torch
 
+from reprotrain.errors import DiskFullError
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota on it
+
 
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
     """Write through a temporary file in the same folder, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = ""
+    handle: _WriteErrors | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
-        with os.fdopen(fd, "wb") as handle:
+        with os.fdopen(fd, "wb") as raw:
+            handle = _WriteErrors(raw)
             write(handle)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as error:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)  # no half-written file, not even a hidden one
+        if _no_space(error) or (handle is not None and _no_space(handle.error)):
+            raise disk_full(path) from None
         raise
     return path
+
+
+class _WriteErrors:
+    """A file handle that remembers the OSError a write raised. torch.save reports a failed
+    write as a bare `RuntimeError: [enforce fail ...] unexpected pos`, losing ENOSPC."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # flush, seek, tell, ... as the real handle
+        return getattr(self.handle, name)
+
+
+def _no_space(error: BaseException | None) -> bool:
+    """True when this error, or one it was raised while handling, is a full disk."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def disk_full(path: Path) -> DiskFullError:
+    """Name the file, and how full its file system is (after the partial file is gone)."""
+    try:
+        usage = shutil.disk_usage(path.parent)
+        room = f" (its file system has {_size(usage.free)} free of {_size(usage.total)})"
+    except OSError:
+        room = ""
+    return DiskFullError(
+        f"no space left on device while writing {str(path)!r}{room}",
+        hint="free space on that file system, or write to a folder with room "
+        "(train.output_dir=... for a run's results and checkpoints)",
+    )
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
 
 
 def _umask() -> int:
