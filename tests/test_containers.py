@@ -52,7 +52,7 @@ BUILD_ENV = ("REPROTRAIN_BASE_IMAGE", "REPROTRAIN_BUILD_ARGS", "REPROTRAIN_BUILD
 def locked_version(package: str) -> str:
     for line in (ROOT / "requirements.lock").read_text().splitlines():
         if line.startswith(f"{package}=="):
-            return line.split("==", 1)[1].strip()
+            return line.split("==", 1)[1].split()[0]
     raise AssertionError(f"{package} is not pinned in requirements.lock")
 
 
