@@ -49,7 +49,14 @@ CASES = {
     "model too big for memory": (["model.hidden_size=2000000000"], "out of memory on cpu"),
     "unknown non-finite mode": (["train.nonfinite=maybe"], "train.nonfinite='maybe' is out of"),
     "unknown precision": (["train.precision=fp8"], "train.precision='fp8' is out of range"),
-    "tf32 on the cpu": (["device=cpu", "train.tf32=true"], "train.tf32=true needs a CUDA GPU"),
+    "tf32 on the cpu": (
+        ["device=cpu", "train.tf32=true", "train.deterministic=false"],
+        "train.tf32=true needs a CUDA GPU",
+    ),
+    "bf16 in deterministic mode": (
+        ["train.precision=bf16"],
+        "train.precision=bf16 change the arithmetic, but train.deterministic=true",
+    ),
     "cuda graphs, no gpu": (["train.cuda_graphs=true"], "train.cuda_graphs=true needs a CUDA"),
     "compile and cuda graphs": (
         ["train.compile=true", "train.cuda_graphs=true"],

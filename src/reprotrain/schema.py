@@ -296,6 +296,17 @@ def _check_cross_field(config: Config) -> None:
             "CUDA-graph mode)",
             hint="set train.compile=false or train.cuda_graphs=false",
         )
+    settings = (
+        ("train.precision=bf16", train.precision == "bf16"),
+        ("train.tf32=true", train.tf32),
+    )
+    lower = [name for name, on in settings if on]
+    if lower and train.deterministic:
+        raise ConfigError(
+            f"{' and '.join(lower)} change the arithmetic, but train.deterministic=true keeps "
+            "every run on exact fp32",
+            hint="add train.deterministic=false to train in lower precision",
+        )
     for key in ("cuda_graphs", "tf32"):
         if getattr(train, key) and config.device.type in ("cpu", "mps"):
             raise ConfigError(

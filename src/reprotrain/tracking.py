@@ -161,11 +161,12 @@ class MetricBuffer:
 class TrackedRun:
     """One MLflow run whose end status always matches how the process ended.
 
-    The run is opened on a background thread started by the first metric, that is once
-    training is under way: importing MLflow and opening a sqlite store take ~2 s here, and
-    this way they overlap the steps (torch releases the GIL while it computes) instead of
-    delaying the first one. Metrics wait in the buffer until the run is open. `ready()`
-    joins the thread and re-raises anything it hit.
+    The run is opened on a background thread started as the first step starts (`start()`,
+    or the first metric): importing MLflow and opening a sqlite store take ~2 s here, and
+    this way they overlap the first steps (torch releases the GIL while it computes) instead
+    of delaying them; the warm-up steps, left out of the timing, absorb most of it. Metrics
+    wait in the buffer until the run is open. `ready()` joins the thread and re-raises
+    anything it hit.
     """
 
     def __init__(
@@ -196,7 +197,8 @@ class TrackedRun:
         self._opener = threading.Thread(target=self._open, name="mlflow-open", daemon=True)
         return self
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Begin opening the run (on its thread); fit() calls this as the first step starts."""
         if self._opener.ident is None:
             self._opener.start()
 
@@ -227,7 +229,7 @@ class TrackedRun:
             self._error = error
 
     def ready(self) -> None:
-        self._start()
+        self.start()
         self._opener.join()
         if self._error is not None:
             raise self._error
@@ -261,7 +263,7 @@ class TrackedRun:
         self.spool.warn_once(error)
 
     def log_metric(self, key: str, value: float, step: int) -> None:
-        self._start()
+        self.start()
         self.metrics.add(key, value, step)
 
     def log_metrics(self, values: dict[str, float], step: int) -> None:
@@ -284,7 +286,7 @@ class TrackedRun:
         error: BaseException | None,
         _tb: TracebackType | None,
     ) -> None:
-        self._start()  # a run that failed before its first metric is still recorded
+        self.start()  # a run that failed before its first metric is still recorded
         self._opener.join()
         if self._error is not None:
             if error is None:
@@ -324,6 +326,7 @@ class NoRun:
     def __exit__(self, *_exc: object) -> None:
         return None
 
+    def start(self) -> None: ...
     def log_metric(self, key: str, value: float, step: int) -> None: ...
     def log_metrics(self, values: dict[str, float], step: int) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...

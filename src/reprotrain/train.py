@@ -221,6 +221,7 @@ def fit(
         progress.update(step, values[-1], rate)
 
     step = start
+    tracked.start()  # the MLflow run opens on its own thread while the first steps run
     stop.in_loop = True
     try:
         for step, batch in enumerate(batches.take(total, start=start), start=start + 1):
