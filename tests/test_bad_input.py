@@ -105,28 +105,32 @@ def test_full_traceback_on_request(tmp_path: Path, store: Store) -> None:
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
-def test_compile_without_a_compiler_says_what_is_missing(tmp_path: Path, store: Store) -> None:
+ENVIRONMENT_CASES = {
+    # (overrides, environment, a substring of the one-line message)
+    "cuda in a container": (["device=cuda"], {"REPROTRAIN_IN_CONTAINER": "1"}, "--gpus all"),
+    "compile without a compiler": (
+        ["train.compile=true"],
+        {"CXX": "reprotrain-no-such-c++"},
+        "'reprotrain-no-such-c++' is not on PATH",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "overrides,environment,expected", ENVIRONMENT_CASES.values(), ids=ENVIRONMENT_CASES.keys()
+)
+def test_environment_lacking_something_is_one_clear_line(
+    tmp_path: Path, store: Store, overrides, environment, expected
+) -> None:
     result = train(
         tmp_path,
         store,
         "experiment=smoke",
-        "train.compile=true",
+        *overrides,
         check=False,
-        env=child_env(CXX="reprotrain-no-such-c++"),
+        env=child_env(**environment),
     )
-    assert_clean_failure(result, "'reprotrain-no-such-c++' is not on PATH", store)
-
-
-def test_cuda_in_a_container_hints_at_gpus_all(tmp_path: Path, store: Store) -> None:
-    result = train(
-        tmp_path,
-        store,
-        "experiment=smoke",
-        "device=cuda",
-        check=False,
-        env=child_env(REPROTRAIN_IN_CONTAINER="1"),
-    )
-    assert_clean_failure(result, "--gpus all", store)
+    assert_clean_failure(result, expected, store)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "nan", "wrong_shape", "labels"])
