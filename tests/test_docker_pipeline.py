@@ -401,6 +401,23 @@ def test_cuda_in_docker_without_the_toolkit_says_how_to_fix_it(tmp_path: Path) -
     assert not store.path.exists() or "RUNNING" not in store.statuses()
 
 
+def test_compile_in_a_container_says_to_run_it_here(tmp_path: Path) -> None:
+    require_docker()
+    store = Store(tmp_path)
+    result = run_app(
+        ROOT,
+        "runtime=docker",
+        "train.compile=true",
+        "experiment=smoke",
+        f"tracking.uri={store.uri}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("reprotrain: error:")]
+    assert len(errors) == 1 and "train.compile=true cannot run in reprotrain's images" in errors[0]
+    assert "runtime=local" in errors[0]
+    assert not store.path.exists()  # refused before any run, image build or container
+
+
 def test_local_and_docker_runs_give_identical_losses(tmp_path: Path) -> None:
     """Same torch build on both sides, deterministic mode: the same losses, bit for bit."""
     require_docker()

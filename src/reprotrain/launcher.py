@@ -62,6 +62,12 @@ def choose_runtime(config: Config) -> str:
 def image_kind(config: Config) -> str:
     from reprotrain.containers import host_has_docker_gpus
 
+    if config.train.compile:  # say so here, not from inside the container after a build
+        raise RuntimeEnvError(
+            "train.compile=true cannot run in reprotrain's images: they have no C++ compiler "
+            "for torch.compile to build kernels with",
+            hint="run it in this process with runtime=local, or set train.compile=false",
+        )
     if config.device.type == "mps":
         raise RuntimeEnvError(
             "device=mps cannot run inside a Linux container (no Metal there)",
