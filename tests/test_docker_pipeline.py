@@ -418,6 +418,27 @@ def test_compile_in_a_container_says_to_run_it_here(tmp_path: Path) -> None:
     assert not store.path.exists()  # refused before any run, image build or container
 
 
+def test_error_inside_the_container_is_one_line_and_ends_the_run_failed(tmp_path: Path) -> None:
+    require_docker()
+    store = Store(tmp_path)
+    broken = tmp_path / "data.npz"
+    broken.write_bytes(b"PK\x03\x04 not a whole npz file")
+    result = run_app(
+        ROOT,
+        "runtime=docker",
+        "experiment=smoke",
+        f"data.file={broken}",
+        f"tracking.uri={store.uri}",
+        f"train.output_dir={tmp_path / 'results'}",
+        timeout=900,  # the first call may build the image
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "reprotrain: error:" in line]
+    assert len(errors) == 1, result.stderr[-3000:]  # the container's line, not repeated
+    assert errors[0].startswith("reprotrain: error:") and str(broken) in errors[0]
+    assert store.only_run().info.status == "FAILED"  # the run the launcher created
+
+
 def test_local_and_docker_runs_give_identical_losses(tmp_path: Path) -> None:
     """Same torch build on both sides, deterministic mode: the same losses, bit for bit."""
     require_docker()

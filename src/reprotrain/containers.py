@@ -48,7 +48,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprotrain.errors import RuntimeEnvError
+from reprotrain.errors import RuntimeEnvError, UserError
 
 KINDS = ("cpu", "cuda")
 IMAGE_REPO = "reprotrain"
@@ -407,7 +407,7 @@ def run_container(cmd: list[str], *, kind: str) -> int:
         exit_code = proc.wait()
         pump.join()
     _raise_if_docker_failed(exit_code, list(tail), kind)
-    if exit_code != 0:
+    if exit_code not in (0, UserError.exit_code):  # a UserError's one line is already above
         print(
             f"reprotrain: container {name} ({kind}) exited with code {exit_code}; "
             f"last lines of its output:",

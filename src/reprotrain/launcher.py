@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from reprotrain.errors import RuntimeEnvError
+from reprotrain.errors import RuntimeEnvError, UserError
 from reprotrain.project import default_tracking_uri, find_root, git_state
 from reprotrain.schema import Config, as_dict
 
@@ -153,6 +153,8 @@ def run_in_docker(config: Config) -> None:
         from reprotrain.tracking import Interrupted
 
         raise Interrupted(code - 128)
+    if code == UserError.exit_code:  # the container printed the one-line error: not again
+        raise SystemExit(code)
     if code != 0:
         raise RuntimeEnvError(
             f"the training container ({image.tag}) exited with code {code}",
