@@ -164,13 +164,12 @@ def run_in_docker(config: Config) -> None:
 
 def resumed_run_id(config: Config) -> str:
     """train.resume continues the MLflow run its checkpoint belongs to: hand that run in
-    rather than create one (which would be left empty, ended FAILED)."""
-    if not config.train.resume:
-        return ""
-    from reprotrain.checkpoint import find_checkpoint, fingerprint, load_checkpoint
+    rather than create one (which would be left empty, ended FAILED). The checkpoint is
+    checked here exactly as the run in the container will check it."""
+    from reprotrain.train import load_resume_point
 
-    path = find_checkpoint(config.train.output_dir, config.train.resume)
-    return load_checkpoint(path, fingerprint(config))["run_id"]
+    state = load_resume_point(config)
+    return state["run_id"] if state else ""
 
 
 def outside_paths(config: Config, uri: str) -> tuple[Path, ...]:
