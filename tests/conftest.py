@@ -77,6 +77,7 @@ def store(tmp_path: Path) -> Store:
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "HYDRA_"))}
     env.pop("REPROTRAIN_RUN_ID", None)
+    env["MLFLOW_DISABLE_TELEMETRY"] = "true"  # mlflow server too: no traffic off this machine
     env.update(extra)
     return env
 
