@@ -6,8 +6,9 @@
         run.log_artifact(path)
     # FINISHED on success, FAILED on an exception (message as a tag), KILLED on Ctrl-C/SIGTERM
 
-A synchronous `log_metric` costs ~10 ms on sqlite; `MetricBuffer` sends points in
-batches every `max_points` or `max_age_s`, so recording every step's loss stays cheap.
+A synchronous `log_metric` costs ~10 ms on sqlite. `MetricBuffer` collects points and sends
+them in batches (every tracking.flush_every_s, and at the end); a sqlite store gets a batch in
+one executemany (`sqlite_metric_writer`), a server gets `log_batch` calls of up to 1000 points.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from reprotrain.replay import Spool, is_unreachable
 
 RUN_ID_ENV = "REPROTRAIN_RUN_ID"  # a launcher that created the run hands it to the container
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
+SQLITE_BATCH = 50_000  # points held at most for a sqlite store (~5 MB), which has no such limit
+
+Point = tuple[str, float, int, int]  # a metric point: key, value, timestamp (ms), step
 
 
 class Interrupted(BaseException):
@@ -134,11 +138,12 @@ def prepare_store(uri: str) -> None:
 
 
 class MetricBuffer:
-    """Collects metric points (cheap tuples) and hands them to `send` in chunks."""
+    """Collects metric points (cheap tuples) and hands them to `send` every `max_points`
+    points, every `max_age_s` seconds, and on `flush()`."""
 
     def __init__(self, send: Any, max_points: int = MAX_BATCH, max_age_s: float = 5.0) -> None:
         self.send, self.max_points, self.max_age_s = send, max_points, max_age_s
-        self.points: list[tuple[str, float, int, int]] = []
+        self.points: list[Point] = []
         self.last_flush = time.monotonic()
         self.sent = 0
 
@@ -151,10 +156,10 @@ class MetricBuffer:
             self.flush()
 
     def flush(self) -> None:
-        while self.points:
-            chunk, self.points = self.points[:MAX_BATCH], self.points[MAX_BATCH:]
-            self.send(chunk)
-            self.sent += len(chunk)
+        if self.points:
+            points, self.points = self.points, []
+            self.send(points)
+            self.sent += len(points)
         self.last_flush = time.monotonic()
 
 
@@ -190,10 +195,14 @@ class TrackedRun:
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.tags, self.params, self.flush_every_s = tags, params, flush_every_s
         self._run_id = ""
+        self._insert: Any = None
         self._error: BaseException | None = None
 
     def __enter__(self) -> TrackedRun:
-        self.metrics = MetricBuffer(self._send, max_age_s=self.flush_every_s)
+        # A sqlite store takes a batch of any size in one statement (sqlite_metric_writer), so
+        # points wait for flush_every_s there; MLflow's log_batch takes 1000 at most.
+        batch = SQLITE_BATCH if self.uri.startswith("sqlite:///") else MAX_BATCH
+        self.metrics = MetricBuffer(self._send, batch, self.flush_every_s)
         self._opener = threading.Thread(target=self._open, name="mlflow-open", daemon=True)
         return self
 
@@ -217,6 +226,7 @@ class TrackedRun:
                 experiment_id = ensure_experiment(self._client, self.experiment)
                 run_id = self._client.create_run(experiment_id, run_name=self.run_name).info.run_id
             self._run_id = run_id
+            self._insert = sqlite_metric_writer(self._client)
             if self.spool_dir is not None and self.uri.startswith(("http://", "https://")):
                 self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
             tags = [RunTag(k, str(v)) for k, v in self.tags.items()]
@@ -244,16 +254,21 @@ class TrackedRun:
         self.ready()
         return self._run_id
 
-    def _send(self, chunk: list[tuple[str, float, int, int]]) -> None:
+    def _send(self, points: list[Point]) -> None:
         from mlflow.entities import Metric
 
         self.ready()
-        try:
-            if self.spool is not None and self.spool.pending():
-                self.spool.send(self.client)  # what waited goes first: the order is kept
-            self.client.log_batch(self._run_id, metrics=[Metric(*point) for point in chunk])
-        except Exception as error:
-            self._keep_for_later(error, {"metrics": [list(point) for point in chunk]})
+        if self._insert is not None:
+            self._insert(self._run_id, points)
+            return
+        for i in range(0, len(points), MAX_BATCH):
+            chunk = points[i : i + MAX_BATCH]
+            try:
+                if self.spool is not None and self.spool.pending():
+                    self.spool.send(self.client)  # what waited goes first: the order is kept
+                self.client.log_batch(self._run_id, metrics=[Metric(*point) for point in chunk])
+            except Exception as error:
+                self._keep_for_later(error, {"metrics": [list(point) for point in chunk]})
 
     def _keep_for_later(self, error: Exception, record: dict[str, Any]) -> None:
         """Spool the record if the server is away; anything else is a real error."""
@@ -313,6 +328,67 @@ class TrackedRun:
                     file=sys.stderr,
                     flush=True,
                 )
+
+
+def sqlite_metric_writer(client: Any) -> Any:
+    """For MLflow's sqlite store, a function that stores metric points as `log_batch` does,
+    with one executemany instead of an ORM object per point; None for any other store.
+
+    `log_batch` spends ~0.055 ms of Python per point building and flushing SQLAlchemy ORM
+    objects: at one loss per 1.3 ms CPU step that alone is 4% of training. This writes the
+    same rows into the same `metrics` table in one statement (~0.008 ms per point) and keeps
+    the run's latest values with MLflow's own code, in MLflow's own session: the run must be
+    active, NaN is stored as MLflow stores it, and `get_metric_history` and `get_run` read
+    back exactly what `log_batch` would have written (tests/test_train.py checks it against
+    log_batch on the pinned MLflow). A batch MLflow would de-duplicate (the same point twice)
+    goes through `log_batch` itself.
+    """
+    try:
+        import sqlalchemy
+        from mlflow.store.tracking.dbmodels.models import SqlMetric
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        store = client._tracking_client.store
+    except (ImportError, AttributeError):  # another MLflow layout: log_batch it is
+        return None
+    if not isinstance(store, SqlAlchemyStore) or store.db_type != "sqlite":
+        return None
+
+    def insert(run_id: str, points: list[Point]) -> None:
+        rows, latest = [], {}
+        for key, value, timestamp, step in points:
+            is_nan, stored = store.sanitize_metric_value(value)
+            row = {
+                "run_uuid": run_id,
+                "key": key,
+                "value": stored,
+                "timestamp": timestamp,
+                "step": step,
+                "is_nan": is_nan,
+            }
+            rows.append(row)
+            best = latest.get(key)  # MLflow's order for a key's latest value
+            if best is None or (step, timestamp, stored) > (
+                best["step"],
+                best["timestamp"],
+                best["value"],
+            ):
+                latest[key] = row
+        try:
+            with store.ManagedSessionMaker(read_only=False) as session:
+                store._check_run_is_active(store._get_run(run_uuid=run_id, session=session))
+                session.execute(SqlMetric.__table__.insert(), rows)
+                store._update_latest_metrics_if_necessary(
+                    [SqlMetric(**row) for row in latest.values()], session
+                )
+        except Exception as error:  # MLflow's session wraps the IntegrityError
+            if not isinstance(error.__cause__ or error, sqlalchemy.exc.IntegrityError):
+                raise
+            from mlflow.entities import Metric  # a point stored before: MLflow drops repeats
+
+            client.log_batch(run_id, metrics=[Metric(*point) for point in points])
+
+    return insert
 
 
 class NoRun:
