@@ -101,9 +101,17 @@ def reprotrain_step(
         )
     reset_memory(device)
     torch.manual_seed(SEED)  # fit() builds its model first: the same weights as the others
-    flush_s = 0.0
+    flush_s = open_s = 0.0
     with tracker as tracked:
-        fitted = fit(config, device, dataset, tracked)
+        if isinstance(tracked, TrackedRun):
+            # Opening the run is once per run, not per step (~40 ms with MLflow imported; in
+            # an app run it overlaps the first steps): timed on its own as open_run_s, so a
+            # short measurement is not charged with it as if it were per-step cost.
+            began = time.perf_counter()
+            tracked.ready()
+            open_s = time.perf_counter() - began
+        accounted = AccountedRun(tracked)
+        fitted = fit(config, device, dataset, accounted)
         if isinstance(tracked, TrackedRun):
             # A short run may never reach a flush inside fit(); its buffered points are sent
             # here. Count that send in b's window (all of it, warm-up points included).
@@ -120,11 +128,35 @@ def reprotrain_step(
         "window_s": fit_window_s + flush_s,
         "fit_samples_per_s": result["samples_per_s"],
         "final_flush_s": flush_s,
+        "open_run_s": open_s,
+        "in_tracking_s": accounted.spent_s + flush_s,
         "resident_data": result["resident_data"],
         **{f"{phase}_ms_mean": result[f"{phase}_ms_mean"] for phase in PHASES},
         **memory(device),
     }
     return out, fitted.losses
+
+
+class AccountedRun:
+    """The run as fit() sees it, adding up the time spent inside its metric calls (appending
+    points, and sending a batch when one is due): the tracking's direct cost, to set beside
+    the on/off comparison, which also catches indirect costs but moves with machine load."""
+
+    def __init__(self, run: TrackedRun | NoRun) -> None:
+        self.run, self.spent_s = run, 0.0
+
+    def log_metric(self, key: str, value: float, step: int) -> None:
+        began = time.perf_counter()
+        self.run.log_metric(key, value, step)
+        self.spent_s += time.perf_counter() - began
+
+    def log_metrics(self, values: dict[str, float], step: int) -> None:
+        began = time.perf_counter()
+        self.run.log_metrics(values, step)
+        self.spent_s += time.perf_counter() - began
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.run, name)
 
 
 def lightning_or_reason(
