@@ -9,12 +9,15 @@ infinities, repeats, the refusal to write into a deleted run.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import PYTHON, child_env
 from reprotrain.tracking import MAX_BATCH, TrackedRun, sqlite_metric_writer
 
 
@@ -118,3 +121,16 @@ def test_tracked_run_stores_many_points_in_order(tmp_path: Path) -> None:
     finished = client.get_run(run.run_id)
     assert finished.info.status == "FINISHED"
     assert finished.data.metrics["train/loss"] == 1.0 / steps
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "true"), ("false", "false")])
+def test_mlflow_telemetry_is_off_unless_asked_for(given: str | None, expected: str) -> None:
+    """reprotrain's processes send nothing but the run's record; a user's own setting wins."""
+    env = child_env()
+    env.pop("MLFLOW_DISABLE_TELEMETRY", None)
+    if given is not None:
+        env["MLFLOW_DISABLE_TELEMETRY"] = given
+    code = "import os, reprotrain; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
+    out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
+    assert os.environ.get("MLFLOW_DISABLE_TELEMETRY")  # and in this test process too
