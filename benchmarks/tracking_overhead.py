@@ -9,9 +9,10 @@ folder, every step's loss recorded) and off (NoRun), alternating on/off in one p
 change in machine load hits both alike. Throughput is fit()'s wall-clock samples/s after
 warm-up plus the final send of buffered points (see reprotrain.bench.variants.reprotrain_step).
 Opening the MLflow run happens once per run, before the timed window: it is printed on its
-own, with the whole-run figure that includes it. Prints the medians and the share of the
-tracked run's time spent on tracking; it does not assert the target, since timings depend on
-the machine.
+own, with what it would add to runs this short. Prints the medians, the tracking's share of
+training time (median of the pairs) and the time spent inside tracking calls (its direct
+cost, measured around each call); it does not assert the target, since timings depend on the
+machine.
 """
 
 from __future__ import annotations

@@ -86,6 +86,20 @@ def test_writer_stores_what_log_batch_stores(tmp_path: Path, batches: list) -> N
     assert latest["train/loss"] == -sys.float_info.max  # step 7's -inf, as MLflow keeps it
 
 
+def test_a_large_batch_with_a_repeat_is_stored_once(tmp_path: Path) -> None:
+    """A repeat sends the whole batch (here over MLflow's 1000 a call) through log_batch,
+    which stores what is new and drops what is stored already."""
+    client = _client(tmp_path / "store")
+    writer = sqlite_metric_writer(client)
+    run_id = _new_run(client)
+    points = [("train/loss", 1.0 / step, 1_000 + step, step) for step in range(1, 2501)]
+    writer(run_id, points[:10])
+    writer(run_id, points)  # the first ten are stored already
+    history = client.get_metric_history(run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(1, 2501))
+    assert client.get_run(run_id).data.metrics["train/loss"] == 1.0 / 2500
+
+
 def test_writer_refuses_a_deleted_run_as_log_batch_does(tmp_path: Path) -> None:
     from mlflow.exceptions import MlflowException
 

@@ -104,7 +104,7 @@ def reprotrain_step(
     flush_s = open_s = 0.0
     with tracker as tracked:
         if isinstance(tracked, TrackedRun):
-            # Opening the run is once per run, not per step (~40 ms with MLflow imported; in
+            # Opening the run is once per run, not per step (~20-30 ms with MLflow imported; in
             # an app run it overlaps the first steps): timed on its own as open_run_s, so a
             # short measurement is not charged with it as if it were per-step cost.
             began = time.perf_counter()
