@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh              # CUDA vs CPU smoke runs, fast paths, gpu tests, bench + crossover
 #   scripts/gpu-check.sh --docker     # also build the CUDA image and train in it with --gpus all
 #
-# Prints the figures the README's GPU section quotes; writes everything under results/gpu-check/.
+# Prints the figures docs/performance.md's GPU section quotes; writes everything under results/gpu-check/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +49,25 @@ for device, (run, m) in runs.items():
 ratio = runs["cpu"][1]["step_ms_median"] / runs["cuda"][1]["step_ms_median"]
 print(f"cuda step is {ratio:.2f}x the speed of the cpu step at batch 64 (reference MLP)")
 PYCHECK
+
+say "the CNN on the digits as images, with a cosine schedule, on cuda; loaded back through MLflow"
+"$PY" -m reprotrain.train runtime=local device=cuda model=cnn data=digits_images scheduler=cosine \
+    train.steps=300 train.progress=off tracking.uri="$STORE" tracking.run_name=gpu-check-cnn \
+    train.output_dir="$OUT/cnn"
+"$PY" - "$STORE" "$OUT" <<'PYCNN'
+import json, sys
+import mlflow.pytorch, torch
+from reprotrain.data import digits
+m = json.load(open(f"{sys.argv[2]}/cnn/metrics.json"))
+mlflow.set_tracking_uri(sys.argv[1])
+model = mlflow.pytorch.load_model(f"runs:/{m['run_id']}/model", map_location="cpu")
+x, y = digits(images=True).val.tensors
+with torch.no_grad():
+    accuracy = (model(x).argmax(1) == y).float().mean().item()
+assert abs(accuracy - m["val_accuracy"]) < 0.01, (accuracy, m["val_accuracy"])  # GPU vs CPU rounding
+print(f"cnn on cuda: step {m['step_ms_median']:.4f} ms, val accuracy {m['val_accuracy']:.4f}, "
+      f"loaded back on the cpu: {accuracy:.4f}")
+PYCNN
 
 say "fast paths through the app on cuda: CUDA graph, bf16 + TF32, torch.compile"
 for options in "train.cuda_graphs=true" "train.precision=bf16 train.tf32=true train.deterministic=false" "train.compile=true"; do

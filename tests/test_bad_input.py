@@ -22,19 +22,32 @@ CASES = {
     "unknown model": (["model=nosuch"], "model='nosuch' is not an option"),
     "unknown data": (["data=imagenet"], "data='imagenet' is not an option"),
     "unknown runtime": (["runtime=nosuch"], "runtime='nosuch' is not an option"),
-    "negative lr": (["optimizer.lr=-1"], "optimizer.lr=-1.0 is out of range"),
+    "negative lr": (["optimizer.lr=-1"], "optimizer.lr=-1 is out of range; allowed: a number > 0"),
     "lr not a number": (["optimizer.lr=abc"], "optimizer.lr='abc' is not a number"),
     "zero batch size": (["train.batch_size=0"], "train.batch_size=0 is out of range"),
     "negative steps": (["train.steps=-5"], "train.steps=-5 is out of range"),
-    "zero hidden size": (["model.hidden_size=0"], "model.hidden_size=0 is out of range"),
+    "zero hidden size": (
+        ["model.hidden_size=0"],
+        "model._target_='reprotrain.models.MLP' failed to build: ValueError: hidden_size=0 must "
+        "be an integer >= 1",
+    ),
     "steps and epochs": (["train.epochs=2"], "set exactly one"),
     "batch bigger than data": (["train.batch_size=100000"], "larger than the training split"),
-    "momentum for adamw": (["optimizer.momentum=0.9"], "is not a config key"),
+    "momentum for adamw": (["optimizer.momentum=0.9"], "'optimizer.momentum' is not a config key"),
+    "momentum added for adamw": (
+        ["+optimizer.momentum=0.9"],
+        "optimizer.momentum=0.9 is not a parameter of torch.optim.AdamW",
+    ),
     "unknown key": (["nosuchkey=1"], "'nosuchkey' is not a config key"),
     "sweep without multirun": (["optimizer=adamw,sgd"], "add --multirun"),
     "unparsable override": (["train.steps=["], "cannot parse the override"),
     "bad betas": (["optimizer.betas=[0.9]"], "optimizer.betas=[0.9] is out of range"),
-    "features mismatch": (["data=digits", "data.num_features=784"], "data.num_features=784"),
+    # in_features follows the data; a value given by hand that the data does not have
+    "features mismatch": (["data=digits", "+model.in_features=784"], "model.in_features=784"),
+    "num_features for digits": (
+        ["data=digits", "data.num_features=784"],
+        "'data.num_features' is not a config key",
+    ),
     "server not listening": (["tracking.uri=http://127.0.0.1:9"], "did not answer within"),
     "store folder missing": (
         ["tracking.uri=sqlite:////nonexistent/dir/mlflow.db"],
@@ -47,8 +60,14 @@ CASES = {
     ),
     "missing data file": (["data.file=/nonexistent/data.npz"], "does not exist"),
     "model too big for memory": (["model.hidden_size=2000000000"], "out of memory on cpu"),
-    "unknown non-finite mode": (["train.nonfinite=maybe"], "train.nonfinite='maybe' is out of"),
-    "unknown precision": (["train.precision=fp8"], "train.precision='fp8' is out of range"),
+    "unknown non-finite mode": (
+        ["train.nonfinite=maybe"],
+        "train.nonfinite='maybe' is out of range; allowed: stop",
+    ),
+    "unknown precision": (
+        ["train.precision=fp8"],
+        "train.precision='fp8' is out of range; allowed: fp32",
+    ),
     "tf32 on the cpu": (
         ["device=cpu", "train.tf32=true", "train.deterministic=false"],
         "train.tf32=true needs a CUDA GPU",
@@ -81,6 +100,8 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, store: Store, overrides, ex
     assert_clean_failure(result, expected, store)
     results = tmp_path / "results"
     assert not results.exists() or not any(results.rglob("*"))  # nothing written
+    checkpoints = tmp_path / "outputs" / "checkpoints"  # train.checkpoint_dir
+    assert not checkpoints.exists() or not any(checkpoints.iterdir())
 
 
 def test_unreachable_server_is_reported_within_ten_seconds(tmp_path: Path, store: Store) -> None:
@@ -156,7 +177,7 @@ def test_broken_data_file_is_a_clear_error(tmp_path: Path, store: Store, damage:
     expected = {
         "truncated": "corrupt or truncated",
         "nan": "NaN",
-        "wrong_shape": "shape",
+        "wrong_shape": "train samples are (28, 28), validation samples (784,)",
         "labels": "labels span",
     }[damage]
     assert_clean_failure(result, expected, store)
@@ -181,6 +202,21 @@ def test_unwritable_output_folder(tmp_path: Path, store: Store) -> None:
     )
     assert_clean_failure(
         result, "train.output_dir='/proc/reprotrain-results' cannot be written", store
+    )
+    assert not store.path.exists() or store.runs() == []  # checked before any run is created
+
+
+def test_unwritable_checkpoint_folder(tmp_path: Path, store: Store) -> None:
+    result = train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "train.checkpoint_every=10",
+        "train.checkpoint_dir=/proc/reprotrain-checkpoints",
+        check=False,
+    )
+    assert_clean_failure(
+        result, "train.checkpoint_dir='/proc/reprotrain-checkpoints' cannot be written", store
     )
     assert not store.path.exists() or store.runs() == []  # checked before any run is created
 
@@ -211,12 +247,24 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize(
-    "overrides,failing_file",
-    [([], "model.pt"), (["train.checkpoint_every=10"], "checkpoints/")],
+    "overrides,failing_file,setting",
+    [
+        ([], "model.pt", "train.output_dir"),
+        (
+            ["train.checkpoint_every=10", "train.checkpoint_dir={full_disk}/checkpoints"],
+            "checkpoints/",
+            "train.checkpoint_dir",
+        ),
+    ],
     ids=["final outputs", "checkpoint mid-run"],
 )
 def test_full_disk_is_one_clear_line_and_leaves_no_partial_file(
-    tmp_path: Path, store: Store, full_disk: Path, overrides: list[str], failing_file: str
+    tmp_path: Path,
+    store: Store,
+    full_disk: Path,
+    overrides: list[str],
+    failing_file: str,
+    setting: str,
 ) -> None:
     result = run_app(
         tmp_path,
@@ -224,12 +272,14 @@ def test_full_disk_is_one_clear_line_and_leaves_no_partial_file(
         "experiment=smoke",
         f"tracking.uri={store.uri}",
         f"train.output_dir={full_disk}",
-        *overrides,
+        *(override.format(full_disk=full_disk) for override in overrides),
         timeout=300,
     )
     assert_clean_failure(result, f"no space left on device while writing '{full_disk}/", store)
     error = result.stderr.split("reprotrain: error: ")[1]
     assert f"{full_disk}/{failing_file}" in error and "fix: free space" in error
+    fix = error.split("fix: ", 1)[1]
+    assert f"{setting}=" in fix, fix  # the setting that moves this file elsewhere
     run = store.only_run()
     assert run.info.status == "FAILED" and "no space left on device" in run.data.tags["error"]
     left = {str(path.relative_to(full_disk)) for path in full_disk.rglob("*") if path.is_file()}

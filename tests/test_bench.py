@@ -1,8 +1,10 @@
-"""The benchmark: complete, self-consistent results, and fast paths that keep the math.
+"""The benchmark: complete, self-consistent results, variants that differ only in overhead, and
+fast paths that keep the math.
 
 No assertion here is about speed: timings depend on the machine. The tests check that every
 figure is measured, that every ratio is the quotient it claims to be, that the record lands in
-MLflow, and that the fast paths give the plain path's losses.
+MLflow, that every variant starts from the same weights and walks the same batches, that the
+fast paths give the plain path's losses, and that the core never imports the benchmark.
 """
 
 from __future__ import annotations
@@ -21,13 +23,23 @@ import torch
 from conftest import PYTHON, ROOT, Store, child_env, require_cuda
 from reprotrain.bench.fastpath import SWITCHES
 from reprotrain.bench.measure import FLOPS_RATIO, RATIOS, VARIANTS
-from reprotrain.bench.reference import bench_dataset
+from reprotrain.bench.reference import bench_config, bench_dataset, reference_batches
 from reprotrain.bench.report import TARGETS
-from reprotrain.bench.variants import course_loop, reprotrain_step
+from reprotrain.bench.variants import (
+    course_loop,
+    lightning_batches,
+    lightning_or_reason,
+    reprotrain_step,
+)
+from reprotrain.data import make_batches
 from reprotrain.fastpaths import compiler_missing
 
 CPU = torch.device("cpu")
 STEPS, WARMUP = 20, 2
+# torch's FlopCounterMode on the reference MLP (784 -> 512 -> 10), per sample: the forward's
+# two matmuls, then backward's weight gradients of both layers and the input gradient of the
+# second (the data needs none): 2 * (784*512*2 + 512*10*3).
+REFERENCE_TRAIN_FLOPS = 2 * (784 * 512 * 2 + 512 * 10 * 3)
 
 
 def bench(tmp_path: Path, store: Store, *args: str) -> tuple[str, dict[str, Any]]:
@@ -122,6 +134,7 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
     assert "cpu" in report["devices"]
     for device in report["devices"].values():
         check_device(device, [4, 64])
+    assert report["devices"]["cpu"]["train_flops_per_sample"] == REFERENCE_TRAIN_FLOPS
 
     targets = {(t["ratio"], t["batch_size"]): t for t in report["targets"]}
     assert len(targets) == len(TARGETS)
@@ -214,12 +227,71 @@ def test_cuda_requested_without_gpu_fails_with_hint(tmp_path: Path, store: Store
     assert "Traceback" not in result.stderr
 
 
-# ---------------------------------------------------------------- the fast paths keep the math
+# ---------------------------------------------------------------- the variants differ in overhead only
 
 
 @pytest.fixture(scope="module")
 def dataset():
     return bench_dataset(64)
+
+
+def test_every_variant_walks_the_same_batches(dataset) -> None:
+    """a's host batches, b's and c's (resident, or streamed by the DataLoader) and d's loader,
+    across an epoch boundary, where the next epoch_order takes over."""
+    total = len(dataset.train) // 64 + 3
+    expected = list(reference_batches(dataset, 64, CPU).take(total))
+    streams = {
+        "b, c resident": make_batches(
+            dataset.train, bench_config(CPU, 64, total, 0, resident="true").train, CPU
+        ).take(total),
+        "b, c streamed": make_batches(
+            dataset.train, bench_config(CPU, 64, total, 0, resident="false").train, CPU
+        ).take(total),
+        "d": lightning_batches(dataset, 64, total),
+    }
+    assert not torch.equal(expected[0][1], expected[-3][1])  # a new epoch, a new order
+    for name, stream in streams.items():
+        batches = list(stream)
+        assert len(batches) == total, name
+        for step, ((x, y), (want_x, want_y)) in enumerate(zip(batches, expected, strict=True)):
+            assert torch.equal(x, want_x) and torch.equal(y, want_y), f"{name}, step {step + 1}"
+
+
+def test_lightning_gives_the_course_loop_losses(dataset, tmp_path: Path) -> None:
+    """d starts from a's weights and walks a's batches with the same (default) AdamW."""
+    pytest.importorskip("lightning", reason="the `bench` extra (lightning) is not installed")
+    uri = f"sqlite:///{tmp_path / 'lightning.db'}"
+    entry, lightning = lightning_or_reason(CPU, dataset, 64, STEPS, WARMUP, uri, tmp_path)
+    _, course = course_loop(CPU, dataset, 64, STEPS, WARMUP)
+    assert entry["measured_steps"] == STEPS - WARMUP and len(lightning) == STEPS
+    assert lightning[0] == course[0]  # same weights, same first batch
+    torch.testing.assert_close(lightning, course, rtol=1e-5, atol=1e-6)
+
+
+def test_the_core_never_imports_the_benchmark() -> None:
+    """Every module outside reprotrain.bench imports without pulling the benchmark in."""
+    code = (
+        "import importlib, pathlib, sys, reprotrain\n"
+        "root = pathlib.Path(reprotrain.__file__).parent\n"
+        "for path in sorted(root.rglob('*.py')):\n"
+        "    parts = path.relative_to(root).with_suffix('').parts\n"
+        "    if parts[0] == 'bench' or parts[-1] == '__main__':\n"
+        "        continue\n"
+        "    parts = parts[:-1] if parts[-1] == '__init__' else parts\n"
+        "    importlib.import_module('.'.join(('reprotrain', *parts)))\n"
+        "print(sum(name.startswith('reprotrain.') for name in sys.modules))\n"
+        "print(sorted(name for name in sys.modules if name.startswith('reprotrain.bench')))\n"
+    )
+    result = subprocess.run(
+        [PYTHON, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported, bench_modules = result.stdout.strip().splitlines()
+    assert int(imported) > 20  # the core really was imported
+    assert bench_modules == "[]"
+
+
+# ---------------------------------------------------------------- the fast paths keep the math
 
 
 def test_fused_adamw_gives_the_default_adamw_losses(dataset) -> None:

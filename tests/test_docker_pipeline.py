@@ -30,6 +30,7 @@ from conftest import (
     run_app,
     wait_for_losses,
 )
+from userproject import user_project
 
 pytestmark = pytest.mark.docker
 
@@ -318,7 +319,7 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
     done = len(store.losses(stopped.info.run_id))
     assert 100 <= done < 6000
     assert [step for step, _ in store.losses(stopped.info.run_id)] == list(range(1, done + 1))
-    checkpoint = repo / "results" / "checkpoints" / f"{stopped.info.run_id}.pt"
+    checkpoint = repo / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
     assert torch.load(checkpoint, weights_only=True)["step"] == done  # written at the stop
 
     resumed = run_app(repo, *STOP_RESUME_RUN, "train.resume=last", timeout=900)
@@ -469,3 +470,23 @@ def test_local_and_docker_runs_give_identical_losses(tmp_path: Path) -> None:
     assert set(runs) == {"local", "docker-cpu"}
     assert runs["local"].data.tags["torch.version"] == runs["docker-cpu"].data.tags["torch.version"]
     assert histories["local"] == histories["docker"]
+
+
+def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
+    """reprotrain's CNN, and a model from a package in the user's project folder, in the CPU
+    image: the project is mounted at the same path and its folder is on the path there too."""
+    require_docker()
+    repo = make_project(tmp_path / "project", runtime="docker")
+    user_project(repo)
+    store = Store(repo)
+    for overrides in (
+        ["model=cnn", "data=digits_images"],
+        ["--config-dir", str(repo / "my_conf"), "model=tiny", "data=blobs"],
+    ):
+        result = run_app(repo, *overrides, "device=cpu", "train.steps=40", timeout=1500)
+        assert result.returncode == 0, result.stderr[-3000:]
+    runs = {r.data.tags["model.class"]: r for r in store.runs()}
+    assert set(runs) == {"reprotrain.models.cnn.SmallCNN", "my_project.models.TinyConvNet"}
+    for run in runs.values():
+        assert run.info.status == "FINISHED" and run.data.tags["runtime"] == "docker-cpu"
+        assert len(store.losses(run.info.run_id)) == 40

@@ -69,7 +69,7 @@ def test_conf_edit_is_never_trained_on_silently(repo: Path) -> None:
 @pytest.mark.parametrize(
     "override,param,value",
     [
-        ("optimizer=sgd", "optimizer.name", "sgd"),
+        ("optimizer=sgd", "optimizer._target_", "torch.optim.SGD"),
         ("optimizer.lr=0.01", "optimizer.lr", "0.01"),
         ("model=mlp_wide", "model.hidden_size", "2048"),
         ("device=cpu", "device.type", "cpu"),
@@ -111,9 +111,33 @@ def test_queued_sweep_runs_each_point_into_the_project_store(repo: Path) -> None
     runs = store_of(repo).runs()  # the project's own store, not a temporary copy's
     swept = [r for r in runs if r.data.tags.get("dvc.exp_name")]
     assert len(swept) == 4 and all(r.info.status == "FINISHED" for r in swept)
-    combos = {(r.data.params["optimizer.name"], r.data.params["train.batch_size"]) for r in swept}
-    assert combos == {("adamw", "16"), ("adamw", "24"), ("sgd", "16"), ("sgd", "24")}
+    combos = {(r.data.tags["optimizer.class"], r.data.params["train.batch_size"]) for r in swept}
+    adamw, sgd = "torch.optim.adamw.AdamW", "torch.optim.sgd.SGD"
+    assert combos == {(adamw, "16"), (adamw, "24"), (sgd, "16"), (sgd, "24")}
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
+
+
+def test_cnn_on_digit_images_through_the_whole_pipeline(repo: Path) -> None:
+    """prepare writes the images, train builds the CNN from them, evaluate rebuilds it from
+    model.pt: one `dvc exp run -S`, no code changed."""
+    sh(repo, "dvc", "exp", "run", "-S", "model=cnn", "-S", "data=digits_images")
+    run = store_of(repo).only_run()
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["model.class"] == "reprotrain.models.cnn.SmallCNN"
+    losses = [value for _, value in store_of(repo).losses(run.info.run_id)]
+    assert len(losses) == 20 and losses[-1] < losses[0]
+    evaluated = json.loads((repo / "results" / "eval.json").read_text())
+    trained = json.loads((repo / "results" / "metrics.json").read_text())
+    assert evaluated["val_accuracy"] == pytest.approx(trained["val_accuracy"], abs=1e-9)
+    assert run.data.metrics["eval/accuracy"] == pytest.approx(trained["val_accuracy"])
+
+
+def test_direct_run_after_repro_leaves_the_pipeline_clean(repo: Path) -> None:
+    """`python -m reprotrain.train` writes its own folder; only the DVC stage writes results/."""
+    sh(repo, "dvc", "repro")
+    sh(repo, "python", "-m", "reprotrain.train", "train.steps=5")
+    assert "Data and pipelines are up to date" in sh(repo, "dvc", "status").stdout
+    assert list((repo / "outputs" / "runs").glob("*/*/metrics.json"))
 
 
 def test_metrics_and_plots_show(repo: Path) -> None:
@@ -133,7 +157,8 @@ def test_metrics_and_plots_show(repo: Path) -> None:
     "override,expected",
     [
         ("optimizer=nosuch", "optimizer/nosuch"),
-        ("optimizer.lr=-1", "optimizer.lr=-1.0 is out of range"),
+        ("optimizer.lr=-1", "optimizer.lr=-1 is out of range"),
+        ("+model.width=3", "model.width=3 is not a parameter of reprotrain.models.MLP"),
         ("nosuchkey=1", "nosuchkey"),
     ],
 )

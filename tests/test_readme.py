@@ -1,5 +1,6 @@
-"""The README is true: every command it shows is run by a test (or, for a GPU, by
-scripts/gpu-check.sh), and the cheap ones are run here exactly as written."""
+"""The README is true: every command it and the pages of docs/ show is run by a test (or, for a
+GPU, by scripts/gpu-check.sh), the cheap ones are run here exactly as written, and every file it
+links to exists."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ import pytest
 from conftest import BIN, ROOT, Store, child_env, make_project, require_docker, run_app, sh
 
 README = (ROOT / "README.md").read_text()
+# The user's guide and the pages it points to for measurements and design (docs/*.md).
+GUIDES = {
+    path.relative_to(ROOT).as_posix(): path.read_text()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+}
 
 # command as the README shows it -> where it is exercised
 COVERED = {
@@ -55,25 +61,40 @@ COVERED = {
 }
 
 
-def readme_commands() -> list[str]:
+def readme_commands(text: str = README) -> list[str]:
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.splitlines():
             command = re.sub(r"\s+#.*$", "", line).strip()
             if command and not command.startswith("#"):
                 commands.append(command)
-    for line in re.findall(r"^\$ (.+)$", README, flags=re.M):
+    for line in re.findall(r"^\$ (.+)$", text, flags=re.M):
         commands.append(line.strip())
     return commands
 
 
 def test_every_readme_command_is_exercised() -> None:
-    missing = [c for c in readme_commands() if c not in COVERED]
+    missing = [
+        f"{page}: {c}"
+        for page, text in GUIDES.items()
+        for c in readme_commands(text)
+        if c not in COVERED
+    ]
     assert not missing, f"README commands no test exercises: {missing}"
     tests = {p.stem: p.read_text() for p in (ROOT / "tests").glob("test_*.py")}
     for where in COVERED.values():
         for module, name in re.findall(r"(test_\w+)::(\w+)", where):
             assert f"def {name}(" in tests[module], f"{module}::{name} does not exist"
+
+
+def test_readme_links_point_to_files() -> None:
+    for page, text in GUIDES.items():
+        base = (ROOT / page).parent
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if "://" in target:
+                continue
+            path = target.split("#")[0]
+            assert (base / path).exists(), f"{page} links to {target}, which does not exist"
 
 
 def test_plain_train_command(tmp_path: Path) -> None:

@@ -41,8 +41,10 @@ def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> N
     assert stopped.info.status == "KILLED"
     done = len(store.losses(stopped.info.run_id))
     assert 100 <= done < 3000
-    checkpoint = tmp_path / "b" / "results" / "checkpoints" / f"{stopped.info.run_id}.pt"
+    # train.checkpoint_dir (outputs/checkpoints under the working directory), not the results
+    checkpoint = tmp_path / "b" / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
     assert checkpoint.is_file()
+    assert not (tmp_path / "b" / "results" / "checkpoints").exists()
 
     train(tmp_path / "b", store, *LONG, "train.resume=last")
     resumed = store.only_run()  # the same MLflow run, continued
@@ -65,7 +67,8 @@ def test_bad_checkpoint_is_a_clear_error(
 ) -> None:
     train(tmp_path, store, "experiment=smoke", "train.checkpoint_every=10")
     run_id = store.only_run().info.run_id
-    checkpoint = tmp_path / "results" / "checkpoints" / f"{run_id}.pt"
+    checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run_id}.pt"
+    assert checkpoint.is_file()
     overrides = ["experiment=smoke", "train.steps=40", f"train.resume={run_id}"]
     if damage == "truncate":
         checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
@@ -164,6 +167,8 @@ def test_stopping_writes_no_half_written_outputs(tmp_path: Path, store: Store) -
     results = tmp_path / "results"
     assert not (results / "metrics.json").exists()
     assert not list(results.rglob("*.tmp"))  # only finished files, renamed into place
+    checkpoints = tmp_path / "outputs" / "checkpoints"
+    assert [p.name for p in checkpoints.iterdir()] == [f"{store.only_run().info.run_id}.pt"]
 
 
 # Small steps, frequent flushes: many sends fall inside the outage.
@@ -260,6 +265,10 @@ def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer)
     assert [step for step, _ in server.store.losses(run.info.run_id)] == list(range(1, steps + 1))
     assert "is not answering" in stderr  # it said so, once
     assert not list((tmp_path / "results" / "spool").glob("*.jsonl"))
+    client = server.store.client  # the MLflow Model, logged once the server was back
+    experiment = client.get_experiment_by_name("reprotrain")
+    models = client.search_logged_models([experiment.experiment_id])
+    assert [m.name for m in models if m.source_run_id == run.info.run_id] == ["model"]
 
 
 def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: MlflowServer) -> None:
@@ -279,6 +288,7 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
             proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
     assert "python -m reprotrain.replay" in stderr
+    assert "was not logged: the tracking server" in stderr  # the MLflow Model: said, not spooled
     spooled = list((tmp_path / "results" / "spool").glob("*.jsonl"))
     assert len(spooled) == 1
     server.start()

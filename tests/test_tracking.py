@@ -1,143 +1,321 @@
-"""The sqlite metric writer against MLflow's own log_batch, on real sqlite stores.
-
-reprotrain stores metric points in a sqlite store with one executemany (tracking.py,
-`sqlite_metric_writer`) instead of `log_batch`'s ORM object per point. What MLflow reads
-back must be the same: every point of the history, the run's latest values, NaN and
-infinities, repeats, the refusal to write into a deleted run.
-"""
+"""The MLflow record of a run, on real sqlite stores: every metric point read back once and in
+order, batches within MLflow's limit, how a run ends, the experiment's kind, and an MLflow
+Model that a fresh process loads and that predicts what the trained model predicts."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from conftest import PYTHON, child_env
-from reprotrain.tracking import MAX_BATCH, TrackedRun, sqlite_metric_writer
-
-
-def _client(folder: Path):
-    from mlflow.tracking import MlflowClient
-
-    folder.mkdir()
-    return MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-
-
-def _new_run(client) -> str:
-    experiment = client.create_experiment("writer")
-    return client.create_run(experiment).info.run_id
-
-
-# key, value, timestamp (ms), step: out-of-order steps, a step logged twice with different
-# values (the later timestamp wins), NaN, both infinities, an exact repeat, two keys.
-POINTS = [
-    ("train/loss", 2.5, 1_000, 1),
-    ("train/loss", 2.25, 1_001, 2),
-    ("train/loss", 2.0, 1_002, 4),
-    ("train/loss", 2.125, 1_003, 3),
-    ("train/loss", float("nan"), 1_004, 5),
-    ("train/loss", 1.75, 1_005, 5),
-    ("train/loss", float("inf"), 1_006, 6),
-    ("train/loss", float("-inf"), 1_007, 7),
-    ("time/step_ms", 1.25, 1_008, 7),
-    ("time/step_ms", 1.5, 1_008, 7),
-]
-
-
-def _record(client, run_id: str) -> tuple[dict, dict]:
-    """Everything MLflow reads back about the run's metrics."""
-    history = {
-        key: sorted(
-            (m.step, m.timestamp, "nan" if math.isnan(m.value) else m.value)
-            for m in client.get_metric_history(run_id, key)
-        )
-        for key in ("train/loss", "time/step_ms")
-    }
-    latest = {
-        key: "nan" if math.isnan(value) else value
-        for key, value in client.get_run(run_id).data.metrics.items()
-    }
-    return history, latest
-
-
-@pytest.mark.parametrize(
-    "batches",
-    [[POINTS], [POINTS[:4], POINTS[4:]], [POINTS, POINTS[2:5]]],
-    ids=["one-batch", "two-batches", "with-repeats"],
+from conftest import PYTHON, Store, child_env
+from reprotrain.stopping import Interrupted
+from reprotrain.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    MAX_BATCH,
+    NoRun,
+    Spool,
+    TrackedRun,
+    ensure_experiment,
+    prepare_store,
 )
-def test_writer_stores_what_log_batch_stores(tmp_path: Path, batches: list) -> None:
-    from mlflow.entities import Metric
 
-    ours, theirs = _client(tmp_path / "ours"), _client(tmp_path / "theirs")
-    writer = sqlite_metric_writer(ours)
-    assert writer is not None, "a sqlite store must get the fast writer"
-    our_run, their_run = _new_run(ours), _new_run(theirs)
-    for points in batches:
-        writer(our_run, points)
-        theirs.log_batch(their_run, metrics=[Metric(*p) for p in points])
-    assert _record(ours, our_run) == _record(theirs, their_run)
-    history, latest = _record(ours, our_run)
-    assert len(history["train/loss"]) == 8  # repeats dropped, as log_batch drops them
-    assert latest["train/loss"] == -sys.float_info.max  # step 7's -inf, as MLflow keeps it
+MAX_FLOAT = sys.float_info.max  # MLflow's sqlite store keeps +-inf as +-the largest float
 
 
-def test_a_large_batch_with_a_repeat_is_stored_once(tmp_path: Path) -> None:
-    """A repeat sends the whole batch (here over MLflow's 1000 a call) through log_batch,
-    which stores what is new and drops what is stored already."""
-    client = _client(tmp_path / "store")
-    writer = sqlite_metric_writer(client)
-    run_id = _new_run(client)
-    points = [("train/loss", 1.0 / step, 1_000 + step, step) for step in range(1, 2501)]
-    writer(run_id, points[:10])
-    writer(run_id, points)  # the first ten are stored already
-    history = client.get_metric_history(run_id, "train/loss")
-    assert sorted(m.step for m in history) == list(range(1, 2501))
-    assert client.get_run(run_id).data.metrics["train/loss"] == 1.0 / 2500
+@pytest.fixture(scope="module")
+def schema_only_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty store with MLflow's schema, made once: a fresh one takes seconds (migrations)."""
+    template = Store(tmp_path_factory.mktemp("template"))
+    prepare_store(template.uri)
+    return template.path
 
 
-def test_writer_refuses_a_deleted_run_as_log_batch_does(tmp_path: Path) -> None:
-    from mlflow.exceptions import MlflowException
-
-    client = _client(tmp_path / "store")
-    writer = sqlite_metric_writer(client)
-    run_id = _new_run(client)
-    client.delete_run(run_id)
-    with pytest.raises(MlflowException, match="must be in the 'active' state"):
-        writer(run_id, POINTS[:1])
-    assert client.get_metric_history(run_id, "train/loss") == []
+@pytest.fixture
+def store(tmp_path: Path, schema_only_db: Path) -> Store:
+    """A real sqlite store of this test's own, in tmp_path."""
+    shutil.copy(schema_only_db, tmp_path / "mlflow.db")
+    return Store(tmp_path)
 
 
-def test_writer_only_for_sqlite() -> None:
-    from mlflow.tracking import MlflowClient
-
-    assert sqlite_metric_writer(MlflowClient("http://127.0.0.1:9")) is None
+def _run(store: Store, flush_every_s: float = 3600.0) -> TrackedRun:
+    return TrackedRun(store.uri, "tracking", "test", {"t": "1"}, {"p": 1}, flush_every_s)
 
 
-def test_tracked_run_stores_many_points_in_order(tmp_path: Path) -> None:
-    """A TrackedRun on sqlite: several batches and the rest at the end, all there, in order."""
-    client = _client(tmp_path / "store")
+def _history(store: Store, run_id: str, key: str) -> list[tuple[int, float | str]]:
+    """(step, value) as MLflow returns them, NaN as "nan" so that lists compare."""
+    return [
+        (m.step, "nan" if math.isnan(m.value) else m.value)
+        for m in store.client.get_metric_history(run_id, key)
+    ]
+
+
+def test_every_point_is_read_back_once_in_order(store: Store) -> None:
+    """Three flushes of up to 1000 points (at 1000 points) and the rest at the end; NaN and
+    both infinities kept as MLflow keeps them; a second key alongside."""
+    specials = {7: float("nan"), 8: float("inf"), 9: float("-inf")}
     steps = 2 * MAX_BATCH + 17
-    run = TrackedRun(client.tracking_uri, "writer", "many", {"t": "1"}, {"p": 1}, 0.01)
-    with run:
+    with _run(store) as run:
         for step in range(1, steps + 1):
-            run.log_metric("train/loss", 1.0 / step, step)
-            if step % 500 == 0:
-                time.sleep(0.02)  # older than flush_every_s: the next point sends a batch
-        assert run.metrics.sent >= 2000  # sent in batches before the end
-    history = client.get_metric_history(run.run_id, "train/loss")
-    assert sorted(m.step for m in history) == list(range(1, steps + 1))
-    assert {m.step: m.value for m in history}[steps] == 1.0 / steps
-    finished = client.get_run(run.run_id)
+            run.log_metric("train/loss", specials.get(step, 1.0 / step), step)
+            if step % 100 == 0:
+                run.log_metrics({"time/step_ms": step / 10}, step)
+        assert run.metrics.sent == 2 * MAX_BATCH  # sent as the buffer filled, before the end
+    expected = [(step, 1.0 / step) for step in range(1, steps + 1)]
+    expected[6:9] = [(7, "nan"), (8, MAX_FLOAT), (9, -MAX_FLOAT)]
+    assert _history(store, run.run_id, "train/loss") == expected
+    assert _history(store, run.run_id, "time/step_ms") == [
+        (s, s / 10) for s in range(100, steps, 100)
+    ]
+    finished = store.client.get_run(run.run_id)
     assert finished.info.status == "FINISHED"
     assert finished.data.metrics["train/loss"] == 1.0 / steps
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "true"), ("false", "false")])
+def test_a_flush_of_more_than_1000_points_goes_in_batches_of_1000(store: Store) -> None:
+    with _run(store) as run:
+        run.metrics.max_points = 10 * MAX_BATCH  # all 2500 wait for the end: one flush
+        run.ready()
+        sizes: list[int] = []
+        log_batch = run.client.log_batch
+
+        def counted(run_id: str, **batch: list) -> None:
+            sizes.append(len(batch.get("metrics", [])))
+            log_batch(run_id, **batch)
+
+        run.client.log_batch = counted
+        for step in range(1, 2501):
+            run.log_metric("train/loss", float(step), step)
+        assert sizes == []
+    assert sizes == [1000, 1000, 500]
+    assert _history(store, run.run_id, "train/loss") == [(s, float(s)) for s in range(1, 2501)]
+
+
+def test_points_for_a_deleted_run_are_refused_with_mlflows_error(store: Store) -> None:
+    from mlflow.exceptions import MlflowException
+
+    refused = pytest.raises(MlflowException, match="must be in the 'active' state")
+    with refused, _run(store) as run:
+        store.client.delete_run(run.run_id)
+        run.log_metric("train/loss", 1.0, 1)
+    assert store.client.get_metric_history(run.run_id, "train/loss") == []
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (None, "FINISHED"),
+        (ValueError("boom"), "FAILED"),
+        (KeyboardInterrupt(), "KILLED"),
+        (Interrupted(signal.SIGTERM), "KILLED"),
+    ],
+    ids=["success", "exception", "ctrl-c", "sigterm"],
+)
+def test_run_ends_with_the_status_of_how_it_ended(
+    store: Store, error: BaseException | None, status: str
+) -> None:
+    expected = pytest.raises(type(error)) if error else contextlib.nullcontext()
+    with expected, _run(store) as run:
+        run.log_metric("train/loss", 1.0, 1)
+        if error is not None:
+            raise error
+    ended = store.client.get_run(run.run_id)
+    assert ended.info.status == status
+    reason = ended.data.tags.get("error")  # what stopped it, for FAILED and KILLED alike
+    assert reason == (f"{type(error).__name__}: {error}" if error else None)
+    assert _history(store, run.run_id, "train/loss") == [(1, 1.0)]
+
+
+def test_experiment_is_marked_as_model_training(store: Store) -> None:
+    """MLflow 3's UI opens it in its model-training view: new experiments get the tag, and an
+    existing one that lacks it gets it too."""
+    client = store.client
+    new = ensure_experiment(client, "made-here")
+    older = client.create_experiment("made-before")
+    assert ensure_experiment(client, "made-before") == older
+    for experiment_id in (new, older):
+        tags = client.get_experiment(experiment_id).tags
+        assert tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
+    with _run(store) as run:
+        pass
+    experiment = client.get_experiment(client.get_run(run.run_id).info.experiment_id)
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_spooled_points_and_status_are_sent_in_order(store: Store, tmp_path: Path) -> None:
+    client = store.client
+    run_id = client.create_run(ensure_experiment(client, "spool")).info.run_id
+    spool = Spool(tmp_path / "spool" / f"{run_id}.jsonl", store.uri, run_id)
+    spool.append({"metrics": [["train/loss", 1.0 / s, 1_000 + s, s] for s in range(1, 1501)]})
+    spool.append({"metrics": [["train/loss", 0.5, 3_000, 1501]]})
+    spool.append({"status": "FINISHED", "error": ""})
+    assert Spool.open(spool.path).send(client) == 1501
+    assert not spool.path.exists()
+    history = _history(store, run_id, "train/loss")
+    assert history == [(s, 1.0 / s) for s in range(1, 1501)] + [(1501, 0.5)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_no_run_records_nothing(tmp_path: Path) -> None:
+    with NoRun() as run:
+        run.start()
+        run.log_metric("train/loss", 1.0, 1)
+        run.log_metrics({"a": 1.0}, 1)
+        run.set_tags({"a": "b"})
+        run.log_artifact(tmp_path)
+        assert run.log_model(torch.nn.Linear(2, 2), np.zeros((2, 2), np.float32)) is None
+    assert run.run_id == "" and not list(tmp_path.iterdir())
+
+
+# --- The run's MLflow Model -----------------------------------------------------------------
+
+MODEL_CODE = {
+    "__init__.py": "",
+    "blocks.py": """
+        from torch import nn
+
+        def block(width_in, width_out):
+            return nn.Sequential(nn.Linear(width_in, width_out), nn.ReLU())
+    """,
+    "nets.py": """
+        from torch import nn
+
+        from {package}.blocks import block
+
+        class TwoLayer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.hidden = block(784, 512)
+                self.out = nn.Linear(512, 10)
+
+            def forward(self, x):
+                return self.out(self.hidden(x))
+
+        class Branchy(TwoLayer):
+            # a Python `if` on a tensor's value: torch.export cannot trace it
+            def forward(self, x):
+                hidden = self.hidden(x)
+                if hidden.sum() > 0:
+                    return self.out(hidden)
+                return -self.out(hidden)
+    """,
+    "weights.bin": "not code: left out of the MLflow Model",
+}
+
+
+def _user_model(tmp_path: Path, package: str, name: str, monkeypatch: pytest.MonkeyPatch):
+    """A model whose class lives in a package of the user's project folder (not installed)."""
+    folder = tmp_path / "project" / package
+    folder.mkdir(parents=True)
+    for file, code in MODEL_CODE.items():
+        (folder / file).write_text(textwrap.dedent(code).format(package=package))
+    monkeypatch.syspath_prepend(str(folder.parent))
+    for module in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, module)
+    torch.manual_seed(0)
+    return getattr(importlib.import_module(f"{package}.nets"), name)()
+
+
+def _predict_in_fresh_process(store: Store, run_ids: list[str], inputs: np.ndarray, folder: Path):
+    """mlflow.pytorch.load_model in a new Python started in `folder`, where the user's project
+    is not importable: what each MLflow Model carries is all it has."""
+    folder.mkdir()
+    np.save(folder / "inputs.npy", inputs)
+    code = (
+        "import sys, numpy as np, torch, mlflow.pytorch\n"
+        "for run_id in sys.argv[1:]:\n"
+        "    model = mlflow.pytorch.load_model(f'runs:/{run_id}/model')\n"
+        "    with torch.no_grad():\n"
+        "        out = model(torch.from_numpy(np.load('inputs.npy')))\n"
+        "    np.save(f'{run_id}.npy', out.numpy())\n"
+    )
+    env = child_env(MLFLOW_TRACKING_URI=store.uri, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
+    env["PYTHONPATH"] = ""  # nothing of the project's folder on the path
+    result = subprocess.run(
+        [PYTHON, "-c", code, *run_ids],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [np.load(folder / f"{run_id}.npy") for run_id in run_ids]
+
+
+def _model_files(store: Store, model_id: str) -> tuple[set[str], list[str]]:
+    """The saved model's data files, and the code it carries."""
+    import mlflow
+
+    location = store.client.get_logged_model(model_id).artifact_location
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=location))
+    code = sorted(p.relative_to(local / "code").as_posix() for p in (local / "code").rglob("*"))
+    return {p.name for p in (local / "data").iterdir()}, code
+
+
+def test_logged_models_predict_the_same_in_a_fresh_process(
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A model torch.export can trace is saved as its graph; one it cannot is saved with
+    pickle. Both carry their code, load in a fresh process outside the project folder,
+    predict what the trained model predicts, and are registered as version 1. The run stays
+    RUNNING while its model is logged, and MLflow's global state is left as it was."""
+    import mlflow
+
+    inputs = torch.randn(64, 784)
+    uri_before = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    runs, expected = [], []
+    for name, saved_as in [("TwoLayer", "model.pt2"), ("Branchy", "model.pth")]:
+        package = f"userproj_{name.lower()}"
+        model = _user_model(tmp_path, package, name, monkeypatch)
+        with torch.no_grad():
+            expected.append(model(inputs).numpy())
+        with _run(store) as run:
+            info = run.log_model(model, inputs, registered_name=f"user-{name}")
+            assert store.client.get_run(run.run_id).info.status == "RUNNING"
+            assert mlflow.active_run() is None
+        assert store.client.get_run(run.run_id).info.status == "FINISHED"
+        assert ("saved with pickle" in capfd.readouterr().err) == (name == "Branchy")
+        data, code = _model_files(store, info.model_id)
+        assert saved_as in data
+        assert code == [
+            package,
+            *(f"{package}/{f}" for f in ("__init__.py", "blocks.py", "nets.py")),
+        ]
+        experiment_id = store.client.get_run(run.run_id).info.experiment_id
+        models = store.client.search_logged_models(
+            [experiment_id], filter_string=f"source_run_id = '{run.run_id}'"
+        )
+        assert [(m.name, m.status) for m in models] == [("model", "READY")]  # no failed try left
+        versions = store.client.search_model_versions(f"name = 'user-{name}'")
+        assert [(str(v.version), v.run_id) for v in versions] == [("1", run.run_id)]
+        runs.append(run.run_id)
+    assert (mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None) == uri_before
+    assert os.environ.get("MLFLOW_TRACKING_URI") == uri_before
+
+    predicted = _predict_in_fresh_process(store, runs, inputs.numpy(), tmp_path / "elsewhere")
+    for outputs, wanted in zip(predicted, expected, strict=True):
+        np.testing.assert_allclose(outputs, wanted, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [(None, "true"), ("false", "false")], ids=["default", "asked-for"]
+)
 def test_mlflow_telemetry_is_off_unless_asked_for(given: str | None, expected: str) -> None:
     """reprotrain's processes send nothing but the run's record; a user's own setting wins."""
     env = child_env()

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import (
     PYTHON,
@@ -15,6 +16,7 @@ from conftest import (
     Store,
     child_env,
     require_cuda,
+    run_app,
     start_training,
     train,
     wait_for_losses,
@@ -22,6 +24,14 @@ from conftest import (
 from reprotrain.tracking import prepare_store
 
 SMOKE_STEPS = 20  # conf/experiment/smoke.yaml
+MLP_PARAMETERS = 784 * 512 + 512 + 512 * 10 + 10  # conf/model/mlp.yaml on the synthetic data
+
+
+def logged_models(store: Store, run_id: str) -> list:
+    """The MLflow Models (MLflow 3 LoggedModels) a run logged."""
+    experiment = store.client.get_experiment_by_name("reprotrain")
+    found = store.client.search_logged_models([experiment.experiment_id])
+    return [m for m in found if m.source_run_id == run_id]
 
 
 def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
@@ -39,9 +49,19 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
         "git.dirty",
         "data.hash",
         "config.hash",
+        "model.class",
+        "optimizer.class",
+        "loss.class",
+        "model.parameters",
     ):
         assert tags.get(key), key
     assert tags["device.type"] == "cpu" and tags["runtime"] == "local"
+    assert tags["model.class"] == "reprotrain.models.mlp.MLP"
+    assert tags["optimizer.class"] == "torch.optim.adamw.AdamW"
+    assert tags["loss.class"] == "torch.nn.modules.loss.CrossEntropyLoss"
+    assert tags["model.parameters"] == str(MLP_PARAMETERS)
+    assert "scheduler.class" not in tags  # scheduler: null by default
+    assert run.info.run_name == "mlp-adamw-cpu"
     assert tags["cuda.version"] == "none" or tags["cuda.version"][0].isdigit()
     assert [step for step, _ in store.losses(run.info.run_id)] == list(range(1, SMOKE_STEPS + 1))
     step_ms = store.client.get_metric_history(run.info.run_id, "time/step_ms")
@@ -57,15 +77,43 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
         "val/loss",
         "val/accuracy",
         "memory/peak_rss_mb",
+        "time/tracking_s",
+        "time/checkpoint_s",
+        "time/outputs_s",
+        "train/final_loss",
+        "model.parameters",
     ):
         assert key in run.data.metrics, key
-    params = run.data.params
-    assert params["optimizer.name"] == "adamw" and float(params["optimizer.lr"]) == 1e-3
+    assert run.data.metrics["model.parameters"] == MLP_PARAMETERS
+    assert run.data.metrics["train/final_loss"] == store.losses(run.info.run_id)[-1][1]
+    params = run.data.params  # the resolved config, flattened
+    assert params["optimizer._target_"] == "torch.optim.AdamW"
+    assert float(params["optimizer.lr"]) == 1e-3
+    assert params["model._target_"] == "reprotrain.models.MLP"
     assert params["model.hidden_size"] == "512" and params["train.steps"] == "20"
+    assert params["loss._target_"] == "torch.nn.CrossEntropyLoss"
+    assert params["data._target_"] == "reprotrain.data.synthetic"
     artifacts = {a.path for a in store.client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "loss.png", "model.pt", "loss.csv"} <= artifacts
+    assert [m.name for m in logged_models(store, run.info.run_id)] == ["model"]  # MLflow Model
+    saved = torch.load(tmp_path / "results" / "model.pt", weights_only=True)
+    assert saved["format"] == 2 and saved["num_classes"] == 10
+    assert saved["model"] == {
+        "_target_": "reprotrain.models.MLP",
+        "hidden_size": 512,
+        "depth": 1,
+        "dropout": 0.0,
+        "in_features": 784,  # the data sizes, filled in
+        "num_classes": 10,
+    }
+    assert saved["loss"]["_target_"] == "torch.nn.CrossEntropyLoss"
+    assert sum(t.numel() for t in saved["state_dict"].values()) == MLP_PARAMETERS
     metrics = json.loads((tmp_path / "results" / "metrics.json").read_text())
     assert metrics["run_id"] == run.info.run_id
+    assert metrics["model_class"] == "reprotrain.models.mlp.MLP"
+    assert metrics["parameters"] == MLP_PARAMETERS
+    for key in ("tracking_s", "checkpoint_s", "outputs_s"):
+        assert isinstance(metrics[key], float) and metrics[key] >= 0, key
     lines = (tmp_path / "results" / "loss.csv").read_text().splitlines()
     assert lines[0] == "step,loss" and len(lines) == SMOKE_STEPS + 1
 
@@ -90,9 +138,15 @@ def test_overrides_reach_the_run(tmp_path: Path, store: Store) -> None:
         "optimizer.lr=3e-4",
         "model=mlp_wide",
     )
-    params = store.only_run().data.params
-    assert params["optimizer.name"] == "sgd" and float(params["optimizer.lr"]) == 3e-4
+    run = store.only_run()
+    params = run.data.params
+    assert (
+        params["optimizer._target_"] == "torch.optim.SGD" and float(params["optimizer.lr"]) == 3e-4
+    )
     assert params["optimizer.momentum"] == "0.9" and params["model.hidden_size"] == "2048"
+    assert run.data.tags["optimizer.class"] == "torch.optim.sgd.SGD"
+    assert run.data.tags["model.parameters"] == str(784 * 2048 + 2048 + 2048 * 10 + 10)
+    assert run.info.run_name == "mlp-sgd-cpu"
 
 
 def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
@@ -105,7 +159,8 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "name: sgd" in result.stdout and "hidden_size: 512" in result.stdout
+    assert "_target_: torch.optim.SGD" in result.stdout and "hidden_size: 512" in result.stdout
+    assert "_target_: reprotrain.models.MLP" in result.stdout
 
 
 def test_tracking_uri_from_environment(tmp_path: Path, store: Store) -> None:
@@ -151,16 +206,44 @@ def test_progress_lines_when_not_a_terminal(tmp_path: Path, store: Store) -> Non
     assert "samples/s" in lines[-1] and "loss" in lines[-1]
 
 
-def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> None:
-    train(
+def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -> None:
+    """train.output_dir=null: the run's Hydra folder; checkpoints go to train.checkpoint_dir
+    (outputs/checkpoints under the working directory), one <run id>.pt per run."""
+    result = run_app(
         tmp_path,
-        store,
+        "runtime=local",
+        "experiment=smoke",
+        f"tracking.uri={store.uri}",
+        "train.checkpoint_every=10",
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_id = store.only_run().info.run_id
+    written = list((tmp_path / "outputs" / "runs").glob("*/*/metrics.json"))
+    assert len(written) == 1 and json.loads(written[0].read_text())["run_id"] == run_id
+    assert {"model.pt", "loss.csv", "loss.png", "config.yaml"} <= {
+        p.name for p in written[0].parent.iterdir()
+    }
+    assert f"outputs in {written[0].parent}" in result.stderr
+    checkpoints = list((tmp_path / "outputs" / "checkpoints").iterdir())
+    assert [p.name for p in checkpoints] == [f"{run_id}.pt"]
+    state = torch.load(checkpoints[0], weights_only=True)
+    assert state["format"] == 2 and state["step"] == SMOKE_STEPS
+    assert state["model_class"] == "reprotrain.models.mlp.MLP" and state["scheduler"] is None
+
+
+def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> None:
+    result = run_app(
+        tmp_path,
+        "runtime=local",
+        f"tracking.uri={store.uri}",
         "--multirun",
         "experiment=smoke",
         "optimizer=adamw,sgd",
         "train.batch_size=16,32",
         timeout=600,
     )
+    assert result.returncode == 0, result.stderr[-3000:]
     runs = store.runs()
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
@@ -170,10 +253,27 @@ def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> No
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert {r.data.tags["sweep.id"] for r in children} == {parent.data.tags["sweep.id"]}
     combos = {
-        (r.data.params["optimizer.name"], r.data.params["train.batch_size"]) for r in children
+        (r.data.params["optimizer._target_"], r.data.params["train.batch_size"]) for r in children
     }
-    assert combos == {("adamw", "16"), ("adamw", "32"), ("sgd", "16"), ("sgd", "32")}
+    assert combos == {
+        ("torch.optim.AdamW", "16"),
+        ("torch.optim.AdamW", "32"),
+        ("torch.optim.SGD", "16"),
+        ("torch.optim.SGD", "32"),
+    }
     assert all(r.info.status == "FINISHED" for r in children)
+    for r in children:  # the class names, then what this job varies
+        optimizer = r.data.tags["optimizer.class"].rsplit(".", 1)[1].lower()
+        words = r.info.run_name.split()
+        assert words[0] == f"mlp-{optimizer}-cpu", r.info.run_name
+        assert f"optimizer={optimizer}" in words, r.info.run_name
+        assert f"train.batch_size={r.data.params['train.batch_size']}" in words, r.info.run_name
+        assert not any(w.startswith(("tracking.", "runtime")) for w in words), r.info.run_name
+    # train.output_dir=null: each job writes into its own Hydra folder
+    written = list((tmp_path / "outputs" / "multirun").glob("*/*/*/metrics.json"))
+    assert sorted(json.loads(p.read_text())["run_id"] for p in written) == sorted(
+        r.info.run_id for r in children
+    )
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -202,6 +302,8 @@ def test_signal_mid_run_ends_killed_with_metrics_kept(
     steps = [step for step, _ in store.losses(run.info.run_id)]
     assert len(steps) >= 50 and steps == list(range(1, len(steps) + 1))
     assert not (tmp_path / "results" / "metrics.json").exists()
+    checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run.info.run_id}.pt"
+    assert checkpoint.is_file()  # written when it stopped: train.resume continues from it
 
 
 def test_diverging_loss_ends_failed_with_the_step(tmp_path: Path, store: Store) -> None:
@@ -258,6 +360,16 @@ def test_readme_mentions_every_mlflow_key() -> None:
         "cuda.version",
         "git.dirty",
         "image.id",
+        "model.class",
+        "optimizer.class",
+        "loss.class",
+        "scheduler.class",
+        "model.parameters",
+        "train/final_loss",
+        "train/lr",
+        "time/tracking_s",
+        "time/checkpoint_s",
+        "time/outputs_s",
     ):
         assert f"`{key}`" in readme, key
 

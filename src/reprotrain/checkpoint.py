@@ -3,8 +3,8 @@
     save_checkpoint(path, step=..., model=..., optimizer=..., losses=..., run_id=..., fingerprint=...)
     python -m reprotrain.train train.resume=last          # or train.resume=<MLflow run id>
 
-A checkpoint holds the model and optimizer state, the step, torch's RNG state and the losses
-so far; the batch order is re-derived from the seed, so on CPU the continued losses equal an
+A checkpoint holds the model, optimizer and scheduler state, the step, torch's RNG state and
+the losses so far; the batch order is re-derived from the seed, so on CPU the continued losses equal an
 uninterrupted run's bit for bit. It is written every `train.checkpoint_every` steps and when
 the run is stopped (Ctrl-C, SIGTERM, docker stop), always atomically.
 """
@@ -24,21 +24,19 @@ from reprotrain.errors import ConfigError, DataError
 from reprotrain.outputs import write_atomic
 from reprotrain.schema import Config, as_dict
 
-FORMAT = 1
+FORMAT = 2  # 2: scheduler state and model class added
 
 
-def checkpoint_dir(output_dir: str | Path) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
-def checkpoint_path(output_dir: str | Path, run_id: str) -> Path:
-    return checkpoint_dir(output_dir) / f"{run_id or 'untracked'}.pt"
+def checkpoint_path(folder: str | Path, run_id: str) -> Path:
+    """<train.checkpoint_dir>/<run id>.pt: one folder for all runs, so train.resume finds them."""
+    return Path(folder) / f"{run_id or 'untracked'}.pt"
 
 
 def fingerprint(config: Config) -> str:
-    """What must match to continue: model, optimizer, data, batch size, seed (not the step count)."""
+    """What must match to continue: model, data, loss, optimizer, scheduler, batch size, seed
+    (not the step count)."""
     tree = as_dict(config)
-    kept = {k: tree[k] for k in ("model", "optimizer", "data")}
+    kept = {k: tree[k] for k in ("model", "optimizer", "data", "loss", "scheduler")}
     # precision and tf32 change the arithmetic; compile and cuda_graphs do not.
     same_math = ("batch_size", "seed", "deterministic", "precision", "tf32")
     kept["train"] = {k: tree["train"][k] for k in same_math}
@@ -51,6 +49,7 @@ def save_checkpoint(
     step: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    scheduler: Any,
     losses: list[float],
     run_id: str,
     fingerprint: str,
@@ -60,8 +59,10 @@ def save_checkpoint(
         "step": step,
         "run_id": run_id,
         "fingerprint": fingerprint,
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "losses": losses,
@@ -69,8 +70,8 @@ def save_checkpoint(
     return write_atomic(path, lambda handle: torch.save(state, handle))
 
 
-def find_checkpoint(output_dir: str | Path, resume: str) -> Path:
-    folder = checkpoint_dir(output_dir)
+def find_checkpoint(checkpoint_dir: str | Path, resume: str) -> Path:
+    folder = Path(checkpoint_dir)
     if resume == "last":
         found = (
             sorted(folder.glob("*.pt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
@@ -92,7 +93,7 @@ def find_checkpoint(output_dir: str | Path, resume: str) -> Path:
     return path
 
 
-def load_checkpoint(path: Path, expected_fingerprint: str) -> dict[str, Any]:
+def load_checkpoint(path: Path, expected_fingerprint: str, model_class: str = "") -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, pickle.UnpicklingError) as error:
@@ -100,14 +101,37 @@ def load_checkpoint(path: Path, expected_fingerprint: str) -> dict[str, Any]:
             f"checkpoint {str(path)!r} is corrupt or truncated ({type(error).__name__})",
             hint="delete it and start again, or resume another run",
         ) from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    keys = ("step", "run_id", "fingerprint", "model", "optimizer", "torch_rng", "losses")
+    if (
+        not isinstance(state, dict)
+        or state.get("format") != FORMAT
+        or not all(k in state for k in keys)
+    ):
         raise DataError(
-            f"checkpoint {str(path)!r} is not a reprotrain checkpoint (format {FORMAT})"
+            f"checkpoint {str(path)!r} is not a reprotrain checkpoint (format {FORMAT}, with "
+            f"{', '.join(keys)})",
+            hint="delete it and start again, or resume another run",
         )
     if state["fingerprint"] != expected_fingerprint:
         raise ConfigError(
             f"checkpoint {str(path)!r} was written with another model/optimizer/data/batch config "
-            f"(fingerprint {state['fingerprint']}, this config {expected_fingerprint})",
+            f"(model {state.get('model_class', '?')}, fingerprint {state['fingerprint']}; this "
+            f"config {model_class or '?'}, fingerprint {expected_fingerprint})",
             hint="resume with the same config as the stopped run (only train.steps may grow)",
+        )
+    return state
+
+
+def load_resume_point(config: Config) -> dict[str, Any] | None:
+    """The checkpoint train.resume names, checked against this config; None when not resuming."""
+    if not config.train.resume:
+        return None
+    path = find_checkpoint(config.train.checkpoint_dir, config.train.resume)
+    state = load_checkpoint(path, fingerprint(config), config.model.get("_target_", ""))
+    if config.train.steps is not None and state["step"] >= config.train.steps:
+        raise ConfigError(
+            f"train.resume={config.train.resume!r}: the checkpoint is at step {state['step']}, "
+            f"which already reaches train.steps={config.train.steps}",
+            hint=f"raise train.steps above {state['step']} to train further",
         )
     return state

@@ -358,7 +358,9 @@ def container_command(
     user = f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else "1000:1000"
     run_env = {
         "HOME": "/tmp",  # the host uid has no home in the image
-        "PYTHONPATH": f"{root}/src",  # the mounted code wins over the copy in the image
+        # The mounted code wins over the copy in the image; a package of yours in the project
+        # folder (a model's or dataset's _target_) imports as it does on the host.
+        "PYTHONPATH": f"{root}/src:{root}",
         "REPROTRAIN_RUNTIME": f"docker-{kind}",
         "REPROTRAIN_IMAGE_ID": image.id,
         **env,

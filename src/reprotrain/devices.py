@@ -82,7 +82,9 @@ def _no_cuda_hint() -> str:
 
 
 def in_container() -> bool:
-    return Path("/.dockerenv").exists() or os.environ.get("REPROTRAIN_IN_CONTAINER") == "1"
+    """Inside reprotrain's own image, which sets REPROTRAIN_IN_CONTAINER=1. Not /.dockerenv:
+    some hosts that are not containers (VMs, CI runners) have that file too."""
+    return os.environ.get("REPROTRAIN_IN_CONTAINER") == "1"
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,12 @@ def _cgroup_cpu_quota() -> float | None:
         return None if quota <= 0 else quota / period
     except (OSError, ValueError):
         return None
+
+
+def set_threads(threads: str) -> None:
+    """torch sizes its pool from the host's cores, not a container's CPU quota: use the CPUs
+    this process may use (train.threads=auto), or the number given."""
+    torch.set_num_threads(available_cpus() if threads == "auto" else int(threads))
 
 
 def synchronize(device: torch.device) -> None:

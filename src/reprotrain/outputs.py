@@ -2,7 +2,7 @@
 
     metrics.json  final and validation metrics, throughput, step time, MLflow run id
     loss.csv      step,loss for every step (a DVC plot)
-    model.pt      the model's state_dict (+ what is needed to rebuild it)
+    model.pt      the model's state_dict and the config that rebuilds it
     loss.png      the loss curve; config.yaml the resolved config
 
 Every file is written to a temporary name and renamed, so an interrupted run never
@@ -124,10 +124,10 @@ def write_loss_csv(path: Path, steps: Sequence[int], losses: Sequence[float]) ->
 
 
 def write_model(path: Path, model: torch.nn.Module, meta: dict[str, Any]) -> Path:
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loadable without a GPU
-    return write_atomic(
-        path, lambda handle: torch.save({"state_dict": state, "meta": meta}, handle)
-    )
+    """{"state_dict": ..., **meta}: weights on the CPU (loadable without a GPU) and what
+    rebuilds the model (torch.load(path, weights_only=True) reads it back)."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return write_atomic(path, lambda handle: torch.save({"state_dict": state, **meta}, handle))
 
 
 def read_model(path: Path) -> dict[str, Any]:

@@ -3,12 +3,41 @@
 Hydra reports a bad override as several lines (or a traceback); reprotrain first checks
 the syntax, every group option, and every job of a sweep against the schema, so any
 mistake is one line and no job of a sweep starts when another would fail.
+
+A sweep is what Hydra's sweepers read: the command line's overrides on top of the
+search space a config file sets under `hydra.sweeper.params` (`experiment=crossover`
+does). Every job that can be listed (`a=1,2`, `choice(...)`, `range(...)`, `glob(...)`
+over a group's options, with `tag`, `sort` and `shuffle` around them) is composed and
+validated; a continuous `interval(a,b)` (Optuna samples it) is validated at both ends.
+Overrides of `hydra.*` and `hydra/...` are Hydra's own to check.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_loader import ConfigLoader
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.object_type import ObjectType
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import (
+    Glob,
+    IntervalSweep,
+    Override,
+    QuotedString,
+    RangeSweep,
+    Transformer,
+)
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import ConfigError
 from reprotrain.project import find_root, register_resolvers
@@ -39,6 +68,12 @@ _VALUE_FLAGS = {
     "--experimental-rerun",
 }
 _CUDA_INDEX = re.compile(r"^device=cuda:(\d+)$")
+# Composing a job takes ~0.12 s here, a small part of running it. A sweep of more jobs than
+# this (an Optuna space of many choices runs only n_trials of them) is checked on fewer jobs
+# that still give every swept key each of its values; a longer range() is checked at its two
+# ends (the schema's limits are intervals: the ends stand for the values between them).
+_MAX_JOBS_COMPOSED = 100
+_PARAMS_SOURCE = "hydra.sweeper.params"
 
 
 def normalise(argv: list[str]) -> list[str]:
@@ -58,19 +93,237 @@ def normalise(argv: list[str]) -> list[str]:
 
 
 def check(argv: list[str]) -> None:
+    """Raise ConfigError (one line) for the first override, group option or job that is wrong."""
     if any(arg.split("=")[0] in _INFO_FLAGS for arg in argv):
         return
     flags, args = _split_flags(argv)
-    multirun = "--multirun" in flags or "-m" in flags
-    config_dir = Path(flags.get("--config-dir") or flags.get("-cd") or find_root() / "conf")
+    parsed = _parse(args, source="the command line")
+    task = [p for p in parsed if not p.is_hydra_override()]
+    hydra_overrides = [p for p in parsed if p.is_hydra_override()]
+    multirun = (
+        "--multirun" in flags
+        or "-m" in flags
+        or any(p.key_or_group == "hydra.mode" and p.value() == "MULTIRUN" for p in hydra_overrides)
+    )
+    sweeps = [p for p in task if p.is_sweep_override()]
+    if sweeps and not multirun:
+        raise ConfigError(
+            f"{sweeps[0].input_line!r} lists several values, which needs a sweep",
+            hint="add --multirun (or -m) to run one job per value",
+        )
+    register_resolvers()
+    with _configs(flags, hydra_overrides) as configs:
+        axes = configs.axes(task)
+        if multirun:
+            # Hydra's sweepers take the config's search space, then the command line's
+            # overrides, which replace a key both give.
+            axes = {**configs.sweeper_params(axes, hydra_overrides), **axes}
+        given = {axis.group: axis.given for axis in axes.values()}
+        swept = [axis.sweep for axis in axes.values()]
+        for job in _jobs([axis.overrides for axis in axes.values()]):
+            values = [o for o, sweep in zip(job, swept, strict=True) if sweep]
+            configs.validate_job(job, given, swept=values)
+
+
+@dataclass
+class _Axis:
+    """One key of a sweep: the override each of its jobs gets, and where it was given."""
+
+    key: str  # Hydra's key element: `optimizer.lr`, `+loss`, `model@net`
+    group: str  # the key without prefix and package: `optimizer.lr`, `loss`, `model`
+    overrides: list[str]  # `optimizer.lr=0.1`, `optimizer.lr=0.01`, ...
+    options: list[object]  # the values given, for the group check
+    given: str  # `'optimizer.lr=0.1,0.01'`, or `'optimizer.lr=...' in hydra.sweeper.params`
+    sweep: bool = False
+
+
+class _Configs:
+    """The config search path Hydra will use, and composition on it (public Hydra API only)."""
+
+    def __init__(self, loader: ConfigLoader, config_name: str, search: list[str]) -> None:
+        self.loader = loader
+        self.config_name = config_name
+        self.search = search  # `hydra.searchpath=[...]` when --config-dir or an override adds one
+        self._options: dict[str, list[str]] = {}
+
+    def options(self, group: str) -> list[str]:
+        """The options of a config group on the whole search path ([] for a plain key)."""
+        if group not in self._options:
+            self._options[group] = sorted(
+                self.loader.get_group_options(
+                    group, ObjectType.CONFIG, config_name=self.config_name, overrides=self.search
+                )
+            )
+        return self._options[group]
+
+    def axes(self, overrides: list[Override], source: str = "") -> dict[str, _Axis]:
+        """Each override as an axis (the last one given for a key wins), group options checked."""
+        axes = {}
+        for override in overrides:
+            axis = self.axis(override, source)
+            self.check_group_options(axis)
+            axes[axis.key] = axis
+        return axes
+
+    def axis(self, override: Override, source: str = "") -> _Axis:
+        key = override.get_key_element()
+        given = repr(override.input_line) + (f" in {source}" if source else "")
+        group = override.key_or_group
+        if override.is_delete():
+            return _Axis(key, group, [override.input_line or key], [], given)
+        if not override.is_sweep_override():
+            value = override.get_value_element_as_str()
+            return _Axis(key, group, [f"{key}={value}"], [_plain(override.value())], given)
+        sweep = override.value()
+        if isinstance(sweep, Glob):
+            values: list = sweep.filter(self.options(group))
+            if not values:
+                raise ConfigError(
+                    f"{given} matches no option of the {group!r} group; allowed: "
+                    f"{', '.join(self.options(group)) or 'none'}",
+                    hint="change the glob pattern, or add a matching option file",
+                )
+        elif isinstance(sweep, IntervalSweep):
+            values = [sweep.start, sweep.end]  # continuous: a sampler picks between the ends
+        elif isinstance(sweep, RangeSweep):
+            values = list(override.sweep_iterator())
+            if len(values) > _MAX_JOBS_COMPOSED:
+                values = [min(values), max(values)]
+        else:
+            values = list(override.sweep_iterator())
+        if not values:
+            raise ConfigError(
+                f"{given} sweeps over no value",
+                hint="give at least one value (check the range's start, stop and step)",
+            )
+        strings = [Transformer.str(value) for value in values]
+        options = [_plain(value) for value in values]
+        return _Axis(key, group, [f"{key}={s}" for s in strings], options, given, sweep=True)
+
+    def sweeper_params(self, axes: dict[str, _Axis], hydra: list[Override]) -> dict[str, _Axis]:
+        """The search space the composed config sets under hydra.sweeper.params.
+
+        Hydra's sweepers read it from the config composed without the command line's
+        sweeps, and take each entry as a `key=value` override (basic and Optuna alike).
+        """
+        fixed = [axis.overrides[0] for axis in axes.values() if not axis.sweep]
+        hydra_fixed = [p.input_line for p in hydra if not p.is_sweep_override()]
+        try:
+            cfg = self.compose([*fixed, *hydra_fixed], given={}, with_hydra=True)
+        except ConfigError:
+            # A wrong hydra.* setting is Hydra's to report; the group choices
+            # (hydra/sweeper=optuna) still decide which sweeper settings exist.
+            groups = [o for o in hydra_fixed if o.lstrip("+~").startswith("hydra/")]
+            cfg = self.compose([*fixed, *groups], given={}, with_hydra=True)
+        storage = OmegaConf.select(cfg, "hydra.sweeper.storage")
+        if storage:
+            raise ConfigError(
+                f"hydra.sweeper.storage={storage!r}: the Optuna sweeper for Hydra 1.3 runs "
+                "optuna 2.10, whose database storage does not work with SQLAlchemy 2 (which "
+                "MLflow needs)",
+                hint="leave hydra.sweeper.storage null: the study stays in memory, every trial "
+                "is still an MLflow run and the best one is recorded on the sweep's parent run",
+            )
+        params = OmegaConf.select(cfg, "hydra.sweeper.params")
+        if not isinstance(params, DictConfig):
+            return {}
+        lines = [f"{key}={value}" for key, value in params.items()]
+        parsed = _parse(lines, source=_PARAMS_SOURCE)
+        return self.axes([p for p in parsed if not p.is_hydra_override()], _PARAMS_SOURCE)
+
+    def check_group_options(self, axis: _Axis) -> None:
+        options = self.options(axis.group)
+        if not options:
+            return  # a config key, not a group
+        for value in axis.options:
+            for name in value if isinstance(value, list) else [value]:
+                if name is not None and str(name) not in options:
+                    raise ConfigError(
+                        f"{axis.group}={str(name)!r} is not an option of the {axis.group!r} group"
+                        f" (given {axis.given}); allowed: {', '.join(options)}",
+                        hint=f"pick one of those, or add conf/{axis.group}/{name}.yaml",
+                    )
+
+    def validate_job(self, job: list[str], given: dict[str, str], swept: list[str]) -> None:
+        """Compose and validate one job; an error in a sweep names the job's other swept values
+        (`optimizer.betas` is not a key *of the job optimizer=sgd*)."""
+        try:
+            validate(self.compose(job, given))
+        except ConfigError as error:
+            others = [o for o in swept if not _names_key(error.message, o.split("=")[0])]
+            if not others:
+                raise
+            message = f"{error.message} (in the sweep's job {' '.join(others)})"
+            raise ConfigError(message, hint=error.hint) from None
+
+    def compose(
+        self, overrides: list[str], given: dict[str, str], with_hydra: bool = False
+    ) -> DictConfig:
+        try:
+            return compose(
+                config_name=self.config_name,
+                overrides=[*self.search, *overrides],
+                return_hydra_config=with_hydra,
+            )
+        except (OmegaConfBaseException, HydraException, ValueError, KeyError) as error:
+            raise _composition_error(error, overrides, given) from None
+
+
+@contextmanager
+def _configs(flags: dict[str, str], hydra_overrides: list[Override]) -> Iterator[_Configs]:
+    """The app's primary config folder (or --config-path), with --config-dir and a
+    `hydra.searchpath=[...]` override added to the search path as Hydra adds them."""
     config_name = flags.get("--config-name") or flags.get("-cn") or "config"
     config_path = flags.get("--config-path") or flags.get("-cp")
-    if config_path:
-        config_dir = Path(config_path)
-    parsed = _parse(args)
-    _check_groups(parsed, find_root() / "conf")
-    for job in _jobs(parsed, multirun):
-        _compose_and_validate(config_dir.resolve(), config_name, job)
+    primary = find_root() / "conf"
+    if config_path:  # relative to the module holding @hydra.main, as Hydra reads it
+        primary = Path(__file__).resolve().parent / config_path
+    primary = primary.resolve()
+    searchpath = next(
+        (list(p.value()) for p in hydra_overrides if p.get_key_element() == "hydra.searchpath"),
+        None,
+    )
+    extra = []
+    if flags.get("--config-dir") or flags.get("-cd"):
+        config_dir = Path(flags.get("--config-dir") or flags["-cd"]).resolve()
+        if (primary / f"{config_name.removesuffix('.yaml')}.yaml").is_file():
+            extra = [f"file://{config_dir}"]
+        else:
+            # compose() does not find a primary config that only a hydra.searchpath entry
+            # holds, so a config kept in --config-dir (`--config-dir . --config-name params`)
+            # makes that folder the primary one here, and conf/ is searched after it.
+            primary, extra = config_dir, [f"file://{primary}"]
+    with initialize_config_dir(config_dir=str(primary), version_base="1.3"):
+        if extra and searchpath is None:  # keep what the primary config adds itself
+            searchpath = _primary_searchpath(config_name)
+        paths = [*(searchpath or []), *extra]
+        search = [_searchpath_override(paths)] if paths else []
+        loader = GlobalHydra.instance().config_loader()
+        yield _Configs(loader, config_name, search)
+
+
+def _primary_searchpath(config_name: str) -> list[str]:
+    try:
+        cfg = compose(config_name=config_name, return_hydra_config=True)
+    except (OmegaConfBaseException, HydraException):
+        return []  # the composition of the jobs reports what is wrong
+    return list(OmegaConf.select(cfg, "hydra.searchpath") or [])
+
+
+def _names_key(message: str, key: str) -> bool:
+    """Does the message name this key itself (`optimizer.lr=-1`, not `optimizer.lr.x`)?"""
+    return re.search(rf"(?<![\w.]){re.escape(key.lstrip('+~'))}(?![\w.])", message) is not None
+
+
+def _plain(value: object) -> object:
+    """A parsed value without its quotes, for comparing with option names."""
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value.text if isinstance(value, QuotedString) else value
+
+
+def _searchpath_override(paths: list[str]) -> str:
+    return "hydra.searchpath=[" + ",".join(Transformer.str(p) for p in paths) + "]"
 
 
 def _split_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -88,10 +341,7 @@ def _split_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return flags, args
 
 
-def _parse(args: list[str]) -> list:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
+def _parse(args: list[str], source: str) -> list[Override]:
     parser = OverridesParser.create()
     parsed = []
     for arg in args:
@@ -99,80 +349,44 @@ def _parse(args: list[str]) -> list:
             parsed += parser.parse_overrides([arg])
         except OverrideParseException as error:
             reason = str(error).splitlines()[0]
+            where = "" if source == "the command line" else f" in {source}"
             raise ConfigError(
-                f"cannot parse the override {arg!r}: {reason}",
-                hint="overrides look like key=value, group=option, +new.key=value or a=1,2 for sweeps; "
-                "quote values with spaces",
+                f"cannot parse the override {arg!r}{where}: {reason}",
+                hint="overrides look like key=value, group=option, +new.key=value or a=1,2 for "
+                "sweeps; quote values with spaces",
             ) from None
     return parsed
 
 
-def _check_groups(parsed: list, conf_dir: Path) -> None:
-    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()} if conf_dir.is_dir() else set()
-    for override in parsed:
-        key = override.key_or_group
-        if key not in groups or override.is_delete():
-            continue
-        options = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
-        values = (
-            list(override.sweep_string_iterator())
-            if override.is_sweep_override()
-            else [override.get_value_element_as_str()]
-        )
-        for value in values:
-            if value not in options and value != "null":
-                raise ConfigError(
-                    f"{key}={value!r} is not an option of the {key!r} group; allowed: {', '.join(options)}",
-                    hint=f"pick one of those, or add conf/{key}/{value}.yaml",
-                )
+def _jobs(axes: list[list[str]]) -> list[list[str]]:
+    """Every combination, as Hydra's basic sweeper runs them; past _MAX_JOBS_COMPOSED, the
+    fewest jobs that still give each key every one of its values."""
+    if math.prod(len(axis) for axis in axes) <= _MAX_JOBS_COMPOSED:
+        return [list(job) for job in itertools.product(*axes)]
+    width = max(len(axis) for axis in axes)
+    return [[axis[i % len(axis)] for axis in axes] for i in range(width)]
 
 
-def _jobs(parsed: list, multirun: bool) -> list[list[str]]:
-    sweeps = [p for p in parsed if p.is_sweep_override()]
-    if sweeps and not multirun:
-        raise ConfigError(
-            f"{sweeps[0].input_line!r} lists several values, which needs a sweep",
-            hint="add --multirun (or -m) to run one job per value",
-        )
-    if not multirun:
-        return [[p.input_line for p in parsed]]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    return [list(job) for batch in batches for job in batch]
-
-
-def _compose_and_validate(config_dir: Path, config_name: str, job: list[str]) -> None:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf.errors import OmegaConfBaseException
-
-    register_resolvers()
-    overrides = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=overrides)
-    except (OmegaConfBaseException, ValueError, KeyError) as error:
-        raise _composition_error(error, job) from None
-    except Exception as error:  # hydra.errors.* composition failures
-        if type(error).__module__.startswith("hydra"):
-            raise _composition_error(error, job) from None
-        raise
-    finally:
-        GlobalHydra.instance().clear()
-    validate(cfg)
-
-
-def _composition_error(error: Exception, job: list[str]) -> ConfigError:
+def _composition_error(error: Exception, job: list[str], given: dict[str, str]) -> ConfigError:
     text = str(error)
+    undeletable = re.search(r"Could not delete from config\. '([^']+)'", text)
+    if undeletable:
+        key = undeletable.group(1)
+        return ConfigError(
+            f"{key!r} cannot be deleted (given {given.get(key, repr('~' + key))}): "
+            "it is not a config key, or its value is already null",
+            hint="check the spelling; `python -m reprotrain.train --cfg job` lists every key",
+        )
     unknown = re.search(r"Could not override '([^']+)'", text)
     if unknown:
         key = unknown.group(1)
-        given = next((o for o in job if o.split("=")[0].lstrip("+~") == key), key)
+        source = given.get(key) or next(
+            (repr(o) for o in job if o.split("=")[0].lstrip("+~") == key), repr(key)
+        )
         return ConfigError(
-            f"{key!r} is not a config key (given {given!r})",
+            f"{key!r} is not a config key (given {source})",
             hint="check the spelling; `python -m reprotrain.train --cfg job` lists every key "
-            f"(to add a new key on purpose, write +{given})",
+            f"(to add a new key on purpose, write +{key}=...)",
         )
     missing = re.search(r"Cannot find primary config '([^']+)'", text)
     if missing:

@@ -1,4 +1,4 @@
-"""DVC stage `prepare`: write the dataset the `data` config describes to data/dataset.npz.
+"""DVC stage `prepare`: write the dataset the `data` config builds to data/dataset.npz.
 
     python -m reprotrain.prepare                 # reads the `data` section of params.yaml
     python -m reprotrain.prepare --params other.yaml --out data/other.npz
@@ -14,14 +14,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from reprotrain.data import load_dataset, write_npz
+from reprotrain.build import build_data
+from reprotrain.data import write_npz
 from reprotrain.errors import ConfigError, UserError, report_and_exit
-from reprotrain.schema import DataConfig, validate
+from reprotrain.schema import Config, validate
 
 DEFAULT_OUT = Path("data/dataset.npz")
 
 
-def read_data_config(params: Path) -> DataConfig:
+def read_config(params: Path) -> Config:
     if not params.is_file():
         raise ConfigError(
             f"params file {str(params)!r} does not exist",
@@ -33,8 +34,8 @@ def read_data_config(params: Path) -> DataConfig:
         raise ConfigError(
             f"{str(params)!r} is not valid YAML: {str(error).splitlines()[0]}"
         ) from None
-    config = validate(tree).data
-    config.file = None  # prepare always builds from the source, never from a prepared file
+    config = validate(tree)
+    config.data["file"] = None  # prepare always builds from the source, never from a prepared file
     return config
 
 
@@ -48,14 +49,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     try:
-        config = read_data_config(args.params)
-        dataset = load_dataset(config)
-        md5 = write_npz(dataset, args.out)
+        config = read_config(args.params)
+        splits = build_data(config)
+        md5 = write_npz(splits, args.out)
     except UserError as error:
         report_and_exit(error)
     print(
-        f"prepared {dataset.name}: {len(dataset.y_train)} train / {len(dataset.y_val)} validation "
-        f"samples, {dataset.num_features} features -> {args.out} (md5 {md5})"
+        f"prepared {config.data['_target_']}: {len(splits.train)} train / {len(splits.val)} "
+        f"validation samples -> {args.out} (md5 {md5})"
     )
 
 

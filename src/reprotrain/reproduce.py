@@ -15,11 +15,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from reprotrain.data import file_md5
 from reprotrain.errors import DataError, TrackingError, UserError, report_and_exit
 from reprotrain.project import default_tracking_uri
+from reprotrain.runtime.local import run
 from reprotrain.schema import validate
 
 
@@ -58,10 +60,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--output-dir", default=None, help="default: outputs/reproduce/<run id>")
     args = parser.parse_args(argv)
-    from mlflow.tracking import MlflowClient
-
-    from reprotrain.train import run
-
     uri = args.tracking_uri or default_tracking_uri()
     try:
         client = MlflowClient(uri)
@@ -72,12 +70,13 @@ def main(argv: list[str] | None = None) -> None:
         tree.train.resume = None
         tree.runtime.mode = "local"
         config = validate(tree)
-        if config.data.file:
+        data_file = config.data.get("file")
+        if data_file:
             recorded = old.data.tags.get("data.hash")
-            now = file_md5(Path(config.data.file)) if Path(config.data.file).is_file() else None
+            now = file_md5(Path(data_file)) if Path(data_file).is_file() else None
             if recorded and now != recorded:
                 raise DataError(
-                    f"data file {config.data.file!r} is not the one run {args.run_id} "
+                    f"data file {data_file!r} is not the one run {args.run_id} "
                     f"used (md5 {now or 'missing'}, recorded {recorded})",
                     hint="check out the data of that run's commit: git checkout <commit> && dvc checkout",
                 )

@@ -1,220 +1,190 @@
-"""The typed schema of a composed config, checked before any work starts.
+"""What a composed config may hold, checked before any work starts.
 
-Hydra composes `conf/` (or reads a composed `params.yaml`); `validate(cfg)` merges each
-group into its dataclass below, so a wrong type, an unknown key or an out-of-range value
-becomes one `ConfigError` line naming the key, the value given and what is allowed.
-Each default sits next to the reason for it; the YAML files in `conf/` set the values.
+Two kinds of section:
+
+- **Fixed sections** (`device`, `train`, `tracking`, `runtime`) are pydantic models below:
+  a wrong type, an unknown key or an out-of-range value is one `ConfigError` line naming
+  the key, the value given and what is allowed. Each default sits next to its reason.
+- **`_target_` sections** (`model`, `data`, `loss`, `optimizer`, `scheduler`) name a Python
+  callable, Hydra's convention (`hydra.utils.instantiate`). `check_target` imports it and
+  binds the given keys to its signature, so a key the callable does not take, or a target
+  that does not import, fails here, before any data is loaded.
+
+`validate(cfg)` runs both on a composed config (Hydra's, a composed `params.yaml`, or a
+recorded `config.yaml`) and returns a typed `Config`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reprotrain.errors import ConfigError
 
-DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
-RUNTIME_MODES = ("auto", "docker", "local")
-PROGRESS_MODES = ("auto", "bar", "lines", "off")
-DATASETS = ("synthetic", "digits")
-NONFINITE_MODES = ("stop", "warn")
-PRECISIONS = ("fp32", "bf16")
+# Keys Hydra's instantiate reads itself; never passed to the target.
+HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+# Keys reprotrain reads in a target section, never passed to the target (see conf/).
+RESERVED = {
+    "data": ("file",),  # a prepared .npz (python -m reprotrain.prepare) read instead
+    "scheduler": ("interval",),  # step the scheduler every optimizer `step` or every `epoch`
+}
+# Model constructor arguments reprotrain fills in from the data when the YAML leaves them out.
+DATA_SIZES = ("in_features", "input_shape", "in_channels", "num_classes")
+# What a run can return to a sweeper (train.objective): the summary metrics it records.
+OBJECTIVES = ("val/loss", "val/accuracy", "train/loss")
+
+Seed = Annotated[int, Field(ge=0, lt=2**32)]  # numpy's seeds are 32-bit
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0.0)]
+Unit = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
-@dataclass
-class ModelConfig:
-    name: str = "mlp"
-    hidden_size: int = 512  # the course's SimpleMLP width
-    depth: int = 1  # hidden layers
-    dropout: float = 0.0
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-@dataclass
-class DeviceConfig:
-    type: str = "auto"  # auto -> cuda, else mps, else cpu
-    index: int | None = None  # which GPU; None = the current one (cuda:0)
+class DeviceConfig(Section):
+    type: str = "auto"  # auto -> cuda, else mps, else cpu; "cuda:1" is read as cuda, index 1
+    index: NonNegativeInt | None = None  # which GPU; None = the current one (cuda:0)
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in ("auto", "cpu", "cuda", "mps") and not re.fullmatch(r"cuda:\d+", value):
+            raise ValueError("allowed: auto, cpu, cuda, cuda:N, mps")
+        return value
 
 
-@dataclass
-class AdamWConfig:
-    name: str = "adamw"
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    fused: bool | None = None  # None = fused where torch supports it: same math, one kernel
-
-
-@dataclass
-class AdamConfig:
-    name: str = "adam"
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    fused: bool | None = None
-
-
-@dataclass
-class SGDConfig:
-    name: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 0.0
-
-
-OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWConfig, "adam": AdamConfig, "sgd": SGDConfig}
-
-
-@dataclass
-class DataConfig:
-    name: str = "synthetic"
-    num_samples: int | None = 8192  # None = all samples the source has
-    num_features: int = 784
-    num_classes: int = 10
-    noise: float = 8.0
-    val_fraction: float = 0.2
-    seed: int = 0
-    file: str | None = None  # a prepared .npz to read instead of generating
-
-
-@dataclass
-class TrainConfig:
-    steps: int | None = 500
-    epochs: int | None = None
-    batch_size: int = 64
-    seed: int = 0
-    log_every: int = 25  # one host sync per N steps, not per step
-    warmup_steps: int = 10  # kept out of the timing summary
-    output_dir: str = "results"
+class TrainConfig(Section):
+    steps: PositiveInt | None = 500  # optimizer steps; or null and set epochs
+    epochs: PositiveInt | None = None
+    batch_size: PositiveInt = 64  # per process
+    seed: Seed = 0
+    log_every: PositiveInt = 25  # one host sync per N steps, not per step
+    warmup_steps: NonNegativeInt = 10  # kept out of the timing summary
+    output_dir: str | None = None  # None: Hydra's run folder (each sweep job its own)
+    checkpoint_dir: str = "outputs/checkpoints"  # <run id>.pt, found again by train.resume
     deterministic: bool = True
-    progress: str = "auto"
-    resident_data: str = "auto"  # auto, true, false
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    resident_data: Literal["auto"] | bool = "auto"  # the whole dataset on the device
+    num_workers: NonNegativeInt = 0  # DataLoader worker processes (streamed data only)
+    pin_memory: bool = True  # page-locked host batches for faster copies to a GPU
+    persistent_workers: bool = False  # keep DataLoader workers between epochs
     threads: str = "auto"  # auto or a positive integer
-    checkpoint_every: int = 100  # steps between checkpoints (0: only when stopped)
+    checkpoint_every: NonNegativeInt = 100  # steps between checkpoints (0: only when stopped)
     resume: str | None = None  # an MLflow run id, or "last", to continue from its checkpoint
-    nonfinite: str = "stop"  # a NaN/inf loss: stop (run FAILED) or warn (log it, go on)
+    nonfinite: Literal["stop", "warn"] = "stop"  # a NaN/inf loss: stop (FAILED) or log and go on
+    objective: Literal["val/loss", "val/accuracy", "train/loss"] = "val/loss"  # for sweepers
     # Fast paths that change how (or in what precision) the step is computed: off by default.
     compile: bool = False  # torch.compile the model (forward and backward)
     cuda_graphs: bool = False  # capture the whole step once, replay it every step (CUDA)
-    precision: str = "fp32"  # fp32, or bf16: forward and loss under bf16 autocast
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: forward and loss under bf16 autocast
     tf32: bool = False  # TF32 tensor-core matmuls (CUDA, Ampere and newer)
 
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, value: str) -> str:
+        if value != "auto" and not (value.isdigit() and int(value) >= 1):
+            raise ValueError("allowed: auto or an integer >= 1")
+        return value
 
-@dataclass
-class TrackingConfig:
-    uri: str | None = None
-    experiment: str = "reprotrain"
-    run_name: str | None = None
+    @field_validator("resume")
+    @classmethod
+    def _resume(cls, value: str | None) -> str | None:
+        if value is not None and value != "last" and not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+            raise ValueError("allowed: last, or an MLflow run id (letters, digits, - and _)")
+        return value
+
+
+class TrackingConfig(Section):
+    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db
+    experiment: Annotated[str, Field(min_length=1, pattern=r"\S")] = "reprotrain"
+    run_name: str | None = None  # None: <model>-<optimizer>-<device>, plus what a sweep varies
     enabled: bool = True
-    flush_every_s: float = 5.0
-    connect_timeout_s: float = 5.0
+    flush_every_s: Positive = 5.0  # send buffered metrics at least this often
+    connect_timeout_s: Positive = 5.0
+    loss_every: PositiveInt = 1  # train/loss points: every step (1) or the mean of N steps
+    log_model: bool = True  # an MLflow Model under `model` (mlflow.pytorch.load_model)
+    register_as: str | None = None  # also register that model under this name
 
 
-@dataclass
-class RuntimeConfig:
-    mode: str = "auto"
-    shm_size: str = "1g"  # DataLoader workers share tensors through /dev/shm
-    cpus: float | None = None
-    network: str = "auto"  # auto = none unless the tracking URI is a server
+class RuntimeConfig(Section):
+    mode: Literal["auto", "docker", "local"] = "auto"
+    shm_size: str = "1g"  # DataLoader workers share batches through /dev/shm
+    cpus: Positive | None = None
+    network: Literal["auto", "none", "host"] = "auto"  # auto: none unless the store is a server
 
 
-@dataclass
-class Config:
-    model: ModelConfig
+class OptimizerRanges(BaseModel):
+    """Ranges of the hyperparameters most optimizers share; other keys go to the signature."""
+
+    model_config = ConfigDict(extra="allow")
+    lr: Positive | None = None
+    eps: Positive | None = None
+    weight_decay: Annotated[float, Field(ge=0.0)] | None = None
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    betas: tuple[Unit, Unit] | None = None  # each in [0, 1)
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: dict[str, Any]
+    data: dict[str, Any]
+    loss: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any] | None = None
     device: DeviceConfig
-    optimizer: AdamWConfig | AdamConfig | SGDConfig
-    data: DataConfig
     train: TrainConfig
     tracking: TrackingConfig
     runtime: RuntimeConfig
-    conf_digest: str | None = None
+    conf_digest: str | None = None  # conf/'s digest when composed into params.yaml by DVC
 
 
-SECTIONS: dict[str, type] = {
-    "model": ModelConfig,
+FIXED = {
     "device": DeviceConfig,
-    "data": DataConfig,
     "train": TrainConfig,
     "tracking": TrackingConfig,
     "runtime": RuntimeConfig,
 }
-
-_POSITIVE = (lambda v: v > 0, "a number > 0")
-_AT_LEAST_1 = (lambda v: v >= 1, "an integer >= 1")
-_NON_NEGATIVE = (lambda v: v >= 0, "a number >= 0")
-
-# key -> (check, what is allowed). None values are allowed where the type is Optional.
-RANGES: dict[str, tuple[Any, str]] = {
-    "model.hidden_size": _AT_LEAST_1,
-    "model.depth": _AT_LEAST_1,
-    "model.dropout": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "device.type": (lambda v: v in DEVICE_TYPES, "one of " + ", ".join(DEVICE_TYPES)),
-    "device.index": _NON_NEGATIVE,
-    "optimizer.lr": _POSITIVE,
-    "optimizer.eps": _POSITIVE,
-    "optimizer.weight_decay": _NON_NEGATIVE,
-    "optimizer.momentum": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "optimizer.betas": (
-        lambda v: len(v) == 2 and all(0 <= b < 1 for b in v),
-        "two numbers in [0, 1), e.g. [0.9,0.999]",
-    ),
-    "data.name": (lambda v: v in DATASETS, "one of " + ", ".join(DATASETS)),
-    "data.num_samples": (lambda v: v >= 10, "an integer >= 10, or null for all"),
-    "data.num_features": _AT_LEAST_1,
-    "data.num_classes": (lambda v: v >= 2, "an integer >= 2"),
-    "data.noise": _NON_NEGATIVE,
-    "data.val_fraction": (lambda v: 0 < v < 1, "a number in (0, 1)"),
-    "train.steps": _AT_LEAST_1,
-    "train.epochs": _AT_LEAST_1,
-    "train.batch_size": _AT_LEAST_1,
-    "train.log_every": _AT_LEAST_1,
-    "train.warmup_steps": _NON_NEGATIVE,
-    "train.checkpoint_every": _NON_NEGATIVE,
-    "train.progress": (lambda v: v in PROGRESS_MODES, "one of " + ", ".join(PROGRESS_MODES)),
-    "train.resident_data": (
-        lambda v: v.lower() in ("auto", "true", "false"),
-        "auto, true or false",
-    ),
-    "train.nonfinite": (lambda v: v in NONFINITE_MODES, "one of " + ", ".join(NONFINITE_MODES)),
-    "train.precision": (lambda v: v in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
-    "train.threads": (
-        lambda v: v == "auto" or (v.isdigit() and int(v) >= 1),
-        "auto or an integer >= 1",
-    ),
-    "tracking.experiment": (lambda v: v.strip() != "", "a non-empty name"),
-    "tracking.flush_every_s": _POSITIVE,
-    "tracking.connect_timeout_s": _POSITIVE,
-    "runtime.mode": (lambda v: v in RUNTIME_MODES, "one of " + ", ".join(RUNTIME_MODES)),
-    "runtime.cpus": _POSITIVE,
-    "runtime.network": (lambda v: v in ("auto", "none", "host"), "auto, none or host"),
-}
-
-_CUDA_WITH_INDEX = re.compile(r"^cuda:(\d+)$")
+TARGETS = ("model", "data", "loss", "optimizer", "scheduler")
 
 
 def validate(cfg: DictConfig | dict) -> Config:
-    """Check a composed config against the schema; return it typed, or raise ConfigError."""
-    if not isinstance(cfg, DictConfig):
-        cfg = OmegaConf.create(cfg)
-    sections = {name: _section(cfg, name, schema) for name, schema in SECTIONS.items()}
-    sections["optimizer"] = _section(cfg, "optimizer", _optimizer_schema(cfg))
+    """Check a composed config; return it typed, or raise one ConfigError line."""
+    tree = _resolved(cfg)
+    unknown = sorted(set(tree) - set(Config.model_fields))
+    if unknown:
+        allowed = ", ".join(Config.model_fields)
+        raise ConfigError(
+            f"{unknown[0]}={tree[unknown[0]]!r} is not a config section or key; allowed: {allowed}",
+            hint="remove it or fix the spelling (`python -m reprotrain.train --cfg job` lists every key)",
+        )
+    sections: dict[str, Any] = {}
+    for name, schema in FIXED.items():
+        sections[name] = _fixed(name, schema, tree.get(name))
+    for name in TARGETS:
+        node = tree.get(name)
+        if node is None and name == "scheduler":
+            sections[name] = None
+            continue
+        sections[name] = _target_node(name, node)
     _split_device_index(sections["device"])
-    config = Config(**sections)
-    _check_ranges(config)
+    config = Config(**sections, conf_digest=tree.get("conf_digest"))
+    check_targets(config)
     _check_cross_field(config)
-    config.conf_digest = _plain(cfg, "conf_digest")  # last: its resolver validates again
     return config
 
 
 def as_dict(config: Config) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    return config.model_dump()
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -229,52 +199,199 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _optimizer_schema(cfg: DictConfig) -> type:
-    name = _plain(cfg, "optimizer.name")
-    if name not in OPTIMIZER_SCHEMAS:
-        allowed = ", ".join(OPTIMIZER_SCHEMAS)
-        raise ConfigError(
-            f"optimizer.name={name!r} is not a known optimizer; allowed: {allowed}",
-            hint="pick one with optimizer=adamw|adam|sgd",
+def target_kwargs(section: str, node: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a target section that go to the callable."""
+    skip = (*HYDRA_KEYS, *RESERVED.get(section, ()))
+    return {k: v for k, v in node.items() if k not in skip}
+
+
+def check_targets(config: Config) -> None:
+    """Import every `_target_` and bind its keys to the callable's signature."""
+    check_target("model", config.model, provided=DATA_SIZES, kind=torch.nn.Module)
+    check_target("data", config.data)
+    check_target("loss", config.loss)
+    check_target("optimizer", config.optimizer, positional=1, kind=torch.optim.Optimizer)
+    _check_optimizer_ranges(config.optimizer)
+    if config.scheduler is not None:
+        check_target(
+            "scheduler",
+            config.scheduler,
+            positional=1,
+            kind=torch.optim.lr_scheduler.LRScheduler,
         )
-    return OPTIMIZER_SCHEMAS[name]
+        interval = config.scheduler.get("interval", "step")
+        if interval not in ("step", "epoch"):
+            raise ConfigError(
+                f"scheduler.interval={interval!r} is not allowed; allowed: step, epoch",
+                hint="scheduler.interval=step steps it after every optimizer step, epoch after each epoch",
+            )
 
 
-def _section(cfg: DictConfig, name: str, schema: type) -> Any:
-    node = cfg.get(name) if name in cfg else None
-    if not isinstance(node, DictConfig):
+def check_target(
+    section: str,
+    node: dict[str, Any],
+    *,
+    provided: tuple[str, ...] = (),
+    positional: int = 0,
+    kind: type | None = None,
+) -> Any:
+    """Import `node['_target_']`; check its class and that it accepts the node's keys.
+
+    `provided`: argument names reprotrain fills in when the node leaves them out;
+    `positional`: leading arguments reprotrain passes itself (an optimizer's parameters,
+    a scheduler's optimizer), which needs `_partial_: true`.
+    """
+    path = node.get("_target_")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(
+            f"{section}._target_={path!r}: the {section} section names no callable",
+            hint=f"set {section}._target_ to a dotted path, e.g. with {section}=<option> from conf/{section}/",
+        )
+    try:
+        target = get_object(path)
+    except Exception as error:  # ImportError, AttributeError, ValueError from Hydra
+        cause = error.__cause__ or error
+        raise ConfigError(
+            f"{section}._target_={path!r} cannot be imported ({type(cause).__name__}: "
+            f"{str(cause).splitlines()[0] if str(cause) else cause!r})",
+            hint="check the dotted path; your own code must be importable from the project "
+            "folder (a package there, with an __init__.py) or installed",
+        ) from None
+    if kind is not None and inspect.isclass(target) and not issubclass(target, kind):
+        raise ConfigError(
+            f"{section}._target_={path!r} is a {target.__module__}.{target.__qualname__}, "
+            f"not a {kind.__module__}.{kind.__qualname__}",
+            hint=f"point {section}._target_ at a subclass of {kind.__qualname__}",
+        )
+    if not callable(target):
+        raise ConfigError(
+            f"{section}._target_={path!r} is not callable (a {type(target).__name__})",
+            hint=f"point {section}._target_ at a class or a function",
+        )
+    if positional and node.get("_partial_") is not True:
+        raise ConfigError(
+            f"{section}._partial_={node.get('_partial_')!r}: reprotrain passes the "
+            f"{'model parameters' if section == 'optimizer' else 'optimizer'} to {path} itself",
+            hint=f"set {section}._partial_=true (see conf/{section}/)",
+        )
+    _bind(section, path, target, target_kwargs(section, node), provided, positional)
+    return target
+
+
+def _bind(
+    section: str,
+    path: str,
+    target: Any,
+    kwargs: dict[str, Any],
+    provided: tuple[str, ...],
+    positional: int,
+) -> None:
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: instantiate will say what it rejects
+    params = list(signature.parameters.values())
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    by_position = [p for p in params if p.kind is not p.KEYWORD_ONLY][:positional]
+    names = [p.name for p in named if p not in by_position]
+    if not takes_any:
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError(
+                    f"{section}.{key}={kwargs[key]!r} is not a parameter of {path}; "
+                    f"allowed: {', '.join(names) or 'none'}",
+                    hint=f"remove {section}.{key} or fix the spelling "
+                    f"(`~{section}.{key}` on the command line)",
+                )
+    for param in named:
+        if param in by_position or param.default is not param.empty:
+            continue
+        if param.name not in kwargs and param.name not in provided:
+            raise ConfigError(
+                f"{section}.{param.name} is missing: {path} needs it",
+                hint=f"add it to the {section} YAML or give +{section}.{param.name}=...",
+            )
+
+
+def _check_optimizer_ranges(node: dict[str, Any]) -> None:
+    kwargs = target_kwargs("optimizer", node)
+    try:
+        OptimizerRanges(**kwargs)
+    except ValidationError as error:
+        raise _one_line("optimizer", error, kwargs) from None
+
+
+def _fixed(name: str, schema: type[Section], node: Any) -> Section:
+    if not isinstance(node, dict):
         raise ConfigError(
             f"config section {name!r} is missing or not a mapping (got {node!r})",
             hint=f"compose from conf/ or give {name}=<option> with an option from conf/{name}/",
         )
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        return OmegaConf.to_object(merged)
-    except ConfigKeyError as error:
-        fields = ", ".join(f.name for f in dataclasses.fields(schema))
-        raise ConfigError(
-            f"{name}.{error.key} is not a setting of {name} ({schema.__name__}); allowed: {fields}",
-            hint=f"remove it or fix the spelling, e.g. {name}.{dataclasses.fields(schema)[1].name}=...",
-        ) from None
+        return schema(**node)
     except ValidationError as error:
-        key = f"{name}.{error.key}" if error.key is not None else name
-        expected = _type_name(schema, str(error.key))
+        raise _one_line(name, error, node) from None
+
+
+def _target_node(name: str, node: Any) -> dict[str, Any]:
+    if not isinstance(node, dict):
         raise ConfigError(
-            f"{key}={_given(node, error.key)!r} is not {expected}",
-            hint=f"give {key}=<{expected}>",
-        ) from None
-    except OmegaConfBaseException as error:
-        raise ConfigError(f"config section {name!r} is invalid: {error.msg}") from None
+            f"config section {name!r} is missing or not a mapping (got {node!r})",
+            hint=f"pick one with {name}=<option> from conf/{name}/, or write one with a _target_",
+        )
+    return node
 
 
-def _check_ranges(config: Config) -> None:
-    flat = flatten(as_dict(config))
-    for key, (check, allowed) in RANGES.items():
-        if key not in flat or flat[key] is None:
-            continue
-        value = flat[key]
-        if not check(value):
-            raise ConfigError(f"{key}={value!r} is out of range; allowed: {allowed}")
+def _one_line(section: str, error: ValidationError, node: dict[str, Any]) -> ConfigError:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"] if not isinstance(part, int)) or "?"
+    full = f"{section}.{key}"
+    given = node.get(str(first["loc"][0]), first.get("input")) if first["loc"] else node
+    if first["type"] == "extra_forbidden":
+        schema = {**FIXED}.get(section)
+        allowed = ", ".join(schema.model_fields) if schema else "see conf/"
+        return ConfigError(
+            f"{full}={given!r} is not a setting of {section}; allowed: {allowed}",
+            hint="remove it or fix the spelling (`python -m reprotrain.train --cfg job` lists every key)",
+        )
+    allowed = _allowed_text(first)
+    if key == "betas":
+        allowed = "two numbers in [0, 1), e.g. [0.9,0.999]"
+    if first["type"].split("_")[0] in ("int", "float", "bool", "string") and not first[
+        "type"
+    ].startswith("string_pattern"):
+        return ConfigError(f"{full}={given!r} is not {allowed}", hint=f"give {full}=<{allowed}>")
+    return ConfigError(
+        f"{full}={given!r} is out of range; allowed: {allowed}", hint=f"give {full}=<{allowed}>"
+    )
+
+
+def _allowed_text(detail: dict[str, Any]) -> str:
+    ctx = detail.get("ctx") or {}
+    kind = detail["type"]
+    for name, sign in (("gt", ">"), ("ge", ">="), ("lt", "<")):
+        if name in ctx:  # a float bound is a number's, an int bound an integer's
+            bound = ctx[name]
+            what = (
+                f"a number {sign} {bound:g}"
+                if isinstance(bound, float)
+                else f"an integer {sign} {bound}"
+            )
+            return what + (" and >= 0" if name == "lt" else "")
+    if kind == "literal_error":
+        return str(ctx.get("expected", "")).replace("'", "")
+    if kind == "value_error":
+        return str(ctx.get("error", detail["msg"])).removeprefix("allowed: ")
+    if kind.startswith("int"):
+        return "an integer"
+    if kind.startswith("float"):
+        return "a number"
+    if kind.startswith("bool"):
+        return "true or false"
+    if kind.startswith("string"):
+        return "a string" + (f" matching {ctx['pattern']}" if "pattern" in ctx else "")
+    return detail["msg"].lower()
 
 
 def _check_cross_field(config: Config) -> None:
@@ -317,37 +434,34 @@ def _check_cross_field(config: Config) -> None:
 
 def _split_device_index(device: DeviceConfig) -> None:
     """Accept the torch spelling 'cuda:1' as device.type=cuda, device.index=1."""
-    match = _CUDA_WITH_INDEX.match(device.type)
+    match = re.fullmatch(r"cuda:(\d+)", device.type)
     if match:
         device.type, device.index = "cuda", int(match.group(1))
 
 
-def _plain(cfg: DictConfig, key: str) -> Any:
+def _config_error_in(error: BaseException | None) -> ConfigError | None:
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, ConfigError):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def _resolved(cfg: DictConfig | dict) -> dict[str, Any]:
+    """A plain dict with every interpolation resolved (Hydra's own `hydra` node dropped)."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    node = OmegaConf.masked_copy(node, [k for k in node if k != "hydra"])
     try:
-        return OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=True)
+        tree = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as error:
-        if isinstance(error.__cause__, ConfigError):  # raised inside one of our resolvers
-            raise error.__cause__ from None
-        raise ConfigError(f"{key} cannot be resolved: {str(error).splitlines()[0]}") from None
-
-
-def _given(node: DictConfig, key: Any) -> Any:
-    try:
-        return node._get_node(key)._value()  # the raw value, before any conversion
-    except Exception:
-        return "?"
-
-
-def _type_name(schema: type, key: str) -> str:
-    types = {f.name: str(f.type) for f in dataclasses.fields(schema)}
-    text = types.get(key, "the right type")
-    for word, nice in (
-        ("float", "a number"),
-        ("int", "an integer"),
-        ("bool", "true or false"),
-        ("str", "a string"),
-        ("list", "a list"),
-    ):
-        if text.startswith(word):
-            return nice + (" or null" if "None" in text else "")
-    return text
+        inner = _config_error_in(error)  # raised inside one of our resolvers
+        if inner is not None:
+            raise inner from None
+        key = getattr(error, "full_key", "") or "?"
+        raise ConfigError(
+            f"{key} cannot be resolved: {str(error).splitlines()[0]}",
+            hint="check the ${...} interpolation, or give the value with key=value",
+        ) from None
+    assert isinstance(tree, dict)
+    return tree

@@ -13,7 +13,7 @@ so the loop reads losses in batches every `log_every` steps instead of every ste
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -27,9 +27,7 @@ def _no_mark(_phase: str) -> None:
     pass
 
 
-def move_batch_to_device(
-    batch: tuple[torch.Tensor, torch.Tensor], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def move_batch_to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     inputs, targets = batch
     # non_blocking: from pinned host memory the copy overlaps GPU work. Already there: a no-op.
     return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -39,7 +37,7 @@ def train_step(
     model: nn.Module,
     inputs: torch.Tensor,
     targets: torch.Tensor,
-    loss_fn: nn.Module,
+    loss_fn: Any,
     optimizer: torch.optim.Optimizer,
     mark: Callable[[str], None] = _no_mark,
     autocast: Any = contextlib.nullcontext(),  # noqa: B008 (stateless, shared on purpose)
@@ -66,7 +64,7 @@ def _explain_device_mismatch(
 ) -> Exception:
     if "same device" not in str(error) and "device" not in str(error).lower():
         return error
-    model_device = next(model.parameters()).device
+    model_device = next(model.parameters(), inputs).device
     if inputs.device == model_device and targets.device == model_device:
         return error
     return DeviceError(
@@ -79,21 +77,30 @@ def _explain_device_mismatch(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: nn.Module, batch_size: int = 4096
+    model: nn.Module, batches: Iterable[Any], loss_fn: Any, device: torch.device
 ) -> tuple[float, float, np.ndarray]:
-    """Mean loss, accuracy and predicted classes on a split (results moved to NumPy via .cpu())."""
+    """Mean loss, accuracy and predicted classes over a split's batches (eval mode, no grad).
+
+    Accuracy and predictions are for class labels (outputs [n, classes], integer targets);
+    for other targets accuracy is NaN and predictions are empty. Results reach NumPy via .cpu().
+    """
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    total_loss, predictions = torch.zeros((), device=device), []
-    for start in range(0, x.shape[0], batch_size):
-        inputs = x[start : start + batch_size].to(device, non_blocking=True)
-        targets = y[start : start + batch_size].to(device, non_blocking=True)
-        logits = model(inputs)
-        total_loss += loss_fn(logits, targets) * targets.shape[0]
-        predictions.append(logits.argmax(dim=1))
+    total_loss, correct, count = torch.zeros((), device=device), torch.zeros((), device=device), 0
+    predictions: list[torch.Tensor] = []
+    classes = True
+    for batch in batches:
+        inputs, targets = move_batch_to_device(batch, device)
+        outputs = model(inputs)
+        total_loss += loss_fn(outputs, targets).float() * targets.shape[0]
+        count += targets.shape[0]
+        classes = classes and outputs.ndim == 2 and not targets.is_floating_point()
+        if classes:
+            predicted = outputs.argmax(dim=1)
+            correct += (predicted == targets).sum()
+            predictions.append(predicted)
     model.train(was_training)
-    predicted = torch.cat(predictions).cpu().numpy()  # sync point: the one read of the results
-    mean_loss = (total_loss / x.shape[0]).cpu().item()
-    accuracy = float((predicted == y.cpu().numpy()).mean())
-    return mean_loss, accuracy, predicted
+    mean_loss = (total_loss / max(count, 1)).cpu().item()  # sync point: the one read of the results
+    if not classes:
+        return mean_loss, float("nan"), np.empty(0, dtype=np.int64)
+    return mean_loss, correct.cpu().item() / max(count, 1), torch.cat(predictions).cpu().numpy()

@@ -92,3 +92,22 @@ class TimingSummary:
     @property
     def measured_steps(self) -> int:
         return len(self.samples.get("step", []))
+
+
+def training_flops_per_sample(model: torch.nn.Module, example: torch.Tensor) -> float:
+    """FLOPs of one forward and backward per sample, counted by torch's own FlopCounterMode
+    (any model: convolutions, attention, ... not only Linear layers). Eval mode, so no batch
+    statistic moves and no dropout mask is drawn; gradients are cleared afterwards."""
+    from torch.utils.flop_counter import FlopCounterMode  # imports torch's op registry: once
+
+    was_training = model.training
+    model.eval()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            model(example).float().sum().backward()
+    except RuntimeError:
+        return float("nan")  # an op the counter cannot follow: say "not measured"
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return counter.get_total_flops() / example.shape[0]

@@ -8,8 +8,8 @@
 
 For each device and batch size, on the reference MLP (784 -> 512 -> 10, AdamW lr 1e-3):
     a      the course's loop as written: default AdamW, .to(device) per batch, loss.item() per step
-    b      reprotrain's fit() with full MLflow tracking (sqlite store, every step's loss)
-    c      reprotrain's fit() with tracking off
+    b      reprotrain's loop.fit() with full MLflow tracking (sqlite store, every step's loss)
+    c      reprotrain's loop.fit() with tracking off
     d      PyTorch Lightning with MLFlowLogger, logging the loss every step (the `bench` extra)
     bound  forward, loss, backward only, on device-resident data: the ceiling for b
 plus each fast path switched on and off against c (bench/fastpath.py), the machine's fp32
@@ -59,11 +59,12 @@ from reprotrain.bench.reference import (
 )
 from reprotrain.bench.report import check_targets, format_report, record, without_nan
 from reprotrain.bench.startup import dvc_repro_time, startup_time
-from reprotrain.devices import describe_device, resolve_device
+from reprotrain.devices import describe_device, resolve_device, set_threads
 from reprotrain.errors import UserError, report_and_exit
 from reprotrain.outputs import write_json, write_text
 from reprotrain.project import default_tracking_uri, find_root, git_state
 from reprotrain.schema import flatten
+from reprotrain.seeding import seed_everything
 from reprotrain.tracking import RUN_ID_ENV, TrackedRun, check_store, prepare_store
 
 
@@ -137,9 +138,6 @@ def choose_devices(spec: str) -> list[torch.device]:
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    # Imported here, not at the top: reprotrain.train loads Hydra, which --help does not need.
-    from reprotrain.train import seed_everything, set_threads
-
     plan = QUICK if args.quick else FULL
     devices = choose_devices(args.devices)
     uri = args.tracking_uri or default_tracking_uri()
@@ -147,7 +145,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     prepare_store(uri)
     os.environ.pop(RUN_ID_ENV, None)  # every run below is created here, none is handed in
     set_threads("auto")
-    seed_everything(SEED, True, devices[-1])  # as train.run does: same global settings for all
+    seed_everything(SEED, True, devices[-1])  # as runtime.local.run does: same for every variant
     crossover = args.crossover or args.crossover_only or plan is FULL
     no_gpu = gpu_absence(devices)
     settings = bench_settings(args, plan, devices, crossover)

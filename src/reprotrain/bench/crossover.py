@@ -18,7 +18,7 @@ import torch
 
 from reprotrain.bench.reference import Plan
 from reprotrain.bench.variants import reprotrain_step
-from reprotrain.data import Dataset
+from reprotrain.data import Splits
 from reprotrain.outputs import write_atomic
 from reprotrain.timing import PHASES
 from reprotrain.tracking import TrackedRun
@@ -38,7 +38,7 @@ def crossover_study(
     batch_sizes: list[int],
     hidden_sizes: list[int],
     plan: Plan,
-    dataset: Dataset,
+    dataset: Splits,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
     """reprotrain's step, tracking off, over device x batch size x hidden size."""
@@ -65,7 +65,7 @@ def crossover_study(
 
 
 def crossover_point(
-    device: torch.device, dataset: Dataset, hidden: int, batch_size: int, plan: Plan
+    device: torch.device, dataset: Splits, hidden: int, batch_size: int, plan: Plan
 ) -> dict[str, Any]:
     """One point, batches resident on the device.
 

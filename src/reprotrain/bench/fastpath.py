@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from reprotrain.bench.variants import reprotrain_step
-from reprotrain.data import Dataset
+from reprotrain.data import Splits
 from reprotrain.fastpaths import compiler_missing
 
 
@@ -77,7 +77,7 @@ SWITCHES = (
 
 def fastpath_study(
     device: torch.device,
-    dataset: Dataset,
+    dataset: Splits,
     batch_sizes: list[int],
     steps_for: Callable[[int], int],
     warmup: int,
@@ -117,7 +117,7 @@ def unavailable(switch: Switch, device: torch.device) -> str:
 def measure_switch(
     switch: Switch,
     device: torch.device,
-    dataset: Dataset,
+    dataset: Splits,
     batch_size: int,
     total: int,
     warmup: int,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from reprotrain.bench.reference import Plan, reference_model
+from reprotrain.bench.reference import Plan, example_batch, reference_model
 from reprotrain.bench.variants import (
     course_loop,
     forward_backward_bound,
@@ -20,9 +20,9 @@ from reprotrain.bench.variants import (
     matmul_flops,
     reprotrain_step,
 )
-from reprotrain.data import Dataset
+from reprotrain.data import Splits
 from reprotrain.devices import describe_device
-from reprotrain.model import training_flops_per_sample
+from reprotrain.timing import training_flops_per_sample
 from reprotrain.tracking import prepare_store
 
 VARIANTS = {
@@ -40,7 +40,7 @@ def measure_device(
     device: torch.device,
     batch_sizes: list[int],
     plan: Plan,
-    dataset: Dataset,
+    dataset: Splits,
     workdir: Path,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -48,7 +48,10 @@ def measure_device(
     say(f"{device.type}: {info.name}, {torch.get_num_threads()} torch threads")
     matmul = matmul_flops(device, plan.matmul_sizes.get(device.type, (2048,)), plan.matmul_repeats)
     say(f"  fp32 matmul {matmul['flops_per_s'] / 1e9:,.1f} GFLOP/s")
-    flops_per_sample = training_flops_per_sample(reference_model(dataset, device))
+    # torch's FlopCounterMode on one forward and backward of the reference MLP, per sample.
+    flops_per_sample = training_flops_per_sample(
+        reference_model(dataset, device), example_batch(dataset, device)
+    )
     step_store = f"sqlite:///{workdir / 'steps.db'}"
     lightning_store = f"sqlite:///{workdir / 'lightning.db'}"
     for uri in (step_store, lightning_store):
@@ -63,7 +66,7 @@ def measure_device(
             device, dataset, batch_size, total, plan.warmup, tracking_uri=step_store
         )
         variants["c"], _ = reprotrain_step(device, dataset, batch_size, total, plan.warmup)
-        variants["d"] = lightning_or_reason(
+        variants["d"], _ = lightning_or_reason(
             device, dataset, batch_size, total, plan.warmup, lightning_store, workdir
         )
         variants["bound"] = forward_backward_bound(device, dataset, batch_size, total, plan.warmup)

@@ -1,7 +1,10 @@
-"""What every measurement shares: the reference MLP, its data and config, and how long to measure.
+"""What every measurement shares: the reference MLP, its data, batches and config, and how long
+to measure.
 
-Every variant starts from the same weights (SEED), sees the same batches and runs the same
-AdamW update, so a ratio of two variants' samples/s measures their overhead and nothing else.
+Every variant starts from the same weights (SEED, and the MLP built as reprotrain builds it),
+sees the same batches (each epoch's order from `reprotrain.data.batches.epoch_order`) and runs
+the same AdamW update, so a ratio of two variants' samples/s measures their overhead and
+nothing else.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
-from reprotrain.data import Dataset, load_dataset
-from reprotrain.model import MLP
+from reprotrain.build import build_data, build_model, with_data_sizes
+from reprotrain.data import ResidentBatches, Splits, to_tensors
 from reprotrain.schema import Config, validate
 
 EXPERIMENT = "reprotrain-bench"
@@ -87,6 +91,11 @@ FULL = Plan(
 )
 
 
+def model_node(hidden: int = HIDDEN) -> dict[str, Any]:
+    """conf/model/mlp.yaml with the benchmark's hidden size; the data fills in 784 and 10."""
+    return {"_target_": "reprotrain.models.MLP", "hidden_size": hidden, "depth": 1, "dropout": 0.0}
+
+
 def bench_config(
     device: torch.device,
     batch_size: int,
@@ -101,20 +110,32 @@ def bench_config(
     train_options: dict[str, Any] | None = None,
     num_samples: int = 8192,
 ) -> Config:
-    """The config fit() gets: conf/'s defaults with the benchmark's sizes (progress off)."""
+    """The config b and c train with: conf/'s defaults with the benchmark's sizes (progress,
+    checkpoints and the MLflow Model off)."""
     return validate(
         {
-            "model": {"name": "mlp", "hidden_size": hidden, "depth": 1, "dropout": 0.0},
-            "device": {"type": device.type, "index": device.index},
+            "model": model_node(hidden),
+            "data": {
+                "_target_": "reprotrain.data.synthetic",
+                "num_samples": num_samples,
+                "num_features": 784,
+                "num_classes": 10,
+                "noise": 8.0,
+                "val_fraction": 0.2,
+                "seed": SEED,
+                "file": None,
+            },
+            "loss": {"_target_": "torch.nn.CrossEntropyLoss"},
             "optimizer": {
-                "name": "adamw",
+                "_target_": "torch.optim.AdamW",
+                "_partial_": True,
                 "lr": LR,
                 "betas": [0.9, 0.999],
                 "eps": 1e-8,
                 "weight_decay": 0.01,  # torch's AdamW default, so a, b, c and d share the math
-                "fused": fused,
+                "fused": fused,  # None: fused where torch has it (conf/'s default)
             },
-            "data": {"name": "synthetic", "num_samples": num_samples, "num_features": 784},
+            "device": {"type": device.type, "index": device.index},
             "train": {
                 "steps": steps,
                 "epochs": None,
@@ -131,22 +152,46 @@ def bench_config(
                 "checkpoint_every": 0,
                 **(train_options or {}),
             },
-            "tracking": {"enabled": tracking, "experiment": f"{EXPERIMENT}-steps"},
+            "tracking": {
+                "enabled": tracking,
+                "experiment": f"{EXPERIMENT}-steps",
+                "loss_every": 1,  # b records every step's loss
+                "log_model": False,  # the MLflow Model is written after the loop, never timed
+            },
             "runtime": {"mode": "local"},
         }
     )
 
 
-def bench_dataset(max_batch: int) -> Dataset:
-    """The synthetic 784-feature data, with a training split of at least one largest batch."""
+def bench_dataset(max_batch: int) -> Splits:
+    """The synthetic 784-feature data, built as a run builds it (data._target_), with a
+    training split of at least one largest batch."""
     config = bench_config(torch.device("cpu"), 1, 1, 0, num_samples=samples_for(max_batch))
-    return load_dataset(config.data)
+    return build_data(config)
 
 
 def samples_for(max_batch: int) -> int:
     return max(8192, math.ceil((max_batch + 1) / 0.8))  # val_fraction 0.2 is held out
 
 
-def reference_model(dataset: Dataset, device: torch.device) -> MLP:
+def num_samples_of(dataset: Splits) -> int:
+    return len(dataset.train) + len(dataset.val)  # type: ignore[arg-type]
+
+
+def reference_model(dataset: Splits, device: torch.device, hidden: int = HIDDEN) -> nn.Module:
+    """The MLP as build.py builds it for b and c, from the same seed: the same weights."""
     torch.manual_seed(SEED)  # every variant starts from the same weights
-    return MLP(dataset.num_features, HIDDEN, dataset.num_classes).to(device)
+    return build_model(with_data_sizes(model_node(hidden), dataset)).to(device)
+
+
+def reference_batches(dataset: Splits, batch_size: int, device: torch.device) -> ResidentBatches:
+    """The training batches b and c see with resident data: each epoch's order from
+    epoch_order(n, SEED, epoch), sliced from one shuffled copy. On the host for a, on the
+    device for the bound."""
+    return ResidentBatches(dataset.train, batch_size, device, SEED)
+
+
+def example_batch(dataset: Splits, device: torch.device, size: int = 8) -> torch.Tensor:
+    """A few training inputs, for counting the FLOPs of one step per sample."""
+    inputs, _targets = to_tensors(dataset.train)
+    return inputs[:size].to(device)

@@ -1,7 +1,7 @@
 """The variants measured side by side, each on the reference MLP from the same weights.
 
     a      course_loop             the course's loop as written
-    b, c   reprotrain_step         reprotrain's fit(), with and without MLflow tracking
+    b, c   reprotrain_step         reprotrain's loop.fit(), with and without MLflow tracking
     d      lightning_or_reason     Lightning's Trainer with MLFlowLogger (the `bench` extra)
     bound  forward_backward_bound  forward, loss, backward only: the ceiling for b
 plus matmul_flops, the fp32 arithmetic ceiling that b's FLOP/s is set against.
@@ -27,24 +27,28 @@ from reprotrain.bench.reference import (
     LR,
     SEED,
     bench_config,
+    num_samples_of,
+    reference_batches,
     reference_model,
 )
-from reprotrain.data import Batches, Dataset
+from reprotrain.build import build
+from reprotrain.data import EpochBatches, Splits, make_batches, to_tensors
 from reprotrain.devices import synchronize
+from reprotrain.loop import fit
 from reprotrain.schema import as_dict, flatten
 from reprotrain.timing import PHASES
 from reprotrain.tracking import NoRun, TrackedRun
 
 
 def course_loop(
-    device: torch.device, dataset: Dataset, batch_size: int, steps: int, warmup: int
+    device: torch.device, dataset: Splits, batch_size: int, steps: int, warmup: int
 ) -> tuple[dict[str, Any], list[float]]:
-    """(a) The loop as the course writes it."""
+    """(a) The loop as the course writes it, on b's batches kept on the host."""
     reset_memory(device)
     model = reference_model(dataset, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # default: no fused, per-tensor
     loss_fn = nn.CrossEntropyLoss()
-    host = Batches(dataset, batch_size, torch.device("cpu"), resident=False, seed=SEED)
+    host = reference_batches(dataset, batch_size, torch.device("cpu"))
     timer, losses = StepTimer(device, warmup), []
     for inputs, targets in host.take(steps):
         timer.begin()
@@ -60,7 +64,7 @@ def course_loop(
 
 def reprotrain_step(
     device: torch.device,
-    dataset: Dataset,
+    dataset: Splits,
     batch_size: int,
     steps: int,
     warmup: int,
@@ -72,10 +76,9 @@ def reprotrain_step(
     fused: bool | None = None,
     train_options: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[float]]:
-    """(b) with a tracking URI, (c) without: reprotrain's own loop, train.fit().
+    """(b) with a tracking URI, (c) without: reprotrain's own loop, loop.fit(), on the pieces
+    build.py builds and the batches data.make_batches gives, as a run gets them.
     `train_options`: more train.* settings (the fast-path study's switches)."""
-    from reprotrain.train import fit
-
     config = bench_config(
         device,
         batch_size,
@@ -87,7 +90,7 @@ def reprotrain_step(
         resident=resident,
         fused=fused,
         train_options=train_options,
-        num_samples=dataset.x_train.shape[0] + dataset.x_val.shape[0],
+        num_samples=num_samples_of(dataset),
     )
     tracker: TrackedRun | NoRun = NoRun()
     if tracking_uri is not None:
@@ -100,7 +103,9 @@ def reprotrain_step(
             config.tracking.flush_every_s,
         )
     reset_memory(device)
-    torch.manual_seed(SEED)  # fit() builds its model first: the same weights as the others
+    torch.manual_seed(SEED)  # build() makes the model first: the same weights as the others
+    pieces = build(config, device, dataset)
+    batches = make_batches(dataset.train, config.train, device)
     flush_s = open_s = 0.0
     with tracker as tracked:
         if isinstance(tracked, TrackedRun):
@@ -111,27 +116,42 @@ def reprotrain_step(
             tracked.ready()
             open_s = time.perf_counter() - began
         accounted = AccountedRun(tracked)
-        fitted = fit(config, device, dataset, accounted)
+        fitted = fit(
+            pieces.model,
+            batches,
+            pieces.loss_fn,
+            pieces.optimizer,
+            device=device,
+            train=config.train,
+            recorder=accounted,
+            total=steps,
+            loss_every=config.tracking.loss_every,
+        )
         if isinstance(tracked, TrackedRun):
             # A short run may never reach a flush inside fit(); its buffered points are sent
             # here. Count that send in b's window (all of it, warm-up points included).
             began = time.perf_counter()
             tracked.metrics.flush()
             flush_s = time.perf_counter() - began
-    result = fitted.metrics
+    timings = fitted.timings
     measured = steps - warmup
-    fit_window_s = measured * batch_size / result["samples_per_s"]
+    # fit()'s samples/s counts training only; the time it spent inside the window reading
+    # losses and handing them to the recorder (tracking_s) is added back, so b's and c's
+    # window is wall-clock like a's, d's and the bound's.
+    fit_window_s = measured * batch_size / timings["samples_per_s"]
+    window_s = fit_window_s + timings["tracking_s"] + timings["checkpoint_s"] + flush_s
     out = {
         "measured_steps": measured,
-        "step_ms_median": result["step_ms_median"],
-        "samples_per_s": measured * batch_size / (fit_window_s + flush_s),
-        "window_s": fit_window_s + flush_s,
-        "fit_samples_per_s": result["samples_per_s"],
+        "step_ms_median": timings["step_ms_median"],
+        "samples_per_s": measured * batch_size / window_s,
+        "window_s": window_s,
+        "fit_samples_per_s": timings["samples_per_s"],
+        "loop_tracking_s": timings["tracking_s"],
         "final_flush_s": flush_s,
         "open_run_s": open_s,
         "in_tracking_s": accounted.spent_s + flush_s,
-        "resident_data": result["resident_data"],
-        **{f"{phase}_ms_mean": result[f"{phase}_ms_mean"] for phase in PHASES},
+        "resident_data": batches.resident,
+        **{f"{phase}_ms_mean": timings[f"{phase}_ms_mean"] for phase in PHASES},
         **memory(device),
     }
     return out, fitted.losses
@@ -161,18 +181,18 @@ class AccountedRun:
 
 def lightning_or_reason(
     device: torch.device,
-    dataset: Dataset,
+    dataset: Splits,
     batch_size: int,
     steps: int,
     warmup: int,
     tracking_uri: str,
     workdir: Path,
-) -> dict[str, Any]:
-    """(d) where Lightning is installed; otherwise why it was not measured."""
+) -> tuple[dict[str, Any], list[float]]:
+    """(d) where Lightning is installed; otherwise why it was not measured (and no losses)."""
     try:
         import lightning  # noqa: F401  (the `bench` extra)
     except ImportError:
-        return {"skipped": "lightning is not installed (pip install -e '.[bench]')"}
+        return {"skipped": "lightning is not installed (pip install -e '.[bench]')"}, []
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no workers", "tensor cores": advice, not results
@@ -181,13 +201,13 @@ def lightning_or_reason(
 
 def lightning_loop(
     device: torch.device,
-    dataset: Dataset,
+    dataset: Splits,
     batch_size: int,
     steps: int,
     warmup: int,
     tracking_uri: str,
     workdir: Path,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[float]]:
     """(d) Lightning's Trainer with MLFlowLogger, timed from a Callback.
 
     A step's time is batch start to the next batch start: that interval holds Lightning's
@@ -201,11 +221,13 @@ def lightning_loop(
             super().__init__()
             self.model = reference_model(dataset, torch.device("cpu"))
             self.loss_fn = nn.CrossEntropyLoss()
+            self.losses: list[torch.Tensor] = []  # read once, after fit: no extra sync
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             inputs, targets = batch
             loss = self.loss_fn(self.model(inputs), targets)
             self.log("train/loss", loss)
+            self.losses.append(loss.detach())
             return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -224,13 +246,7 @@ def lightning_loop(
             synchronize(device)  # sync point
             self.ends.append(time.perf_counter())
 
-    x, y = torch.from_numpy(dataset.x_train), torch.from_numpy(dataset.y_train)
-    tensors = torch.utils.data.TensorDataset(x, y)
-    # Whole batches by index list: the same host tensors and batch shape as a, b and c,
-    # without per-sample indexing and collation, which would charge d for data loading.
-    order = torch.utils.data.RandomSampler(tensors, generator=torch.Generator().manual_seed(SEED))
-    batches = torch.utils.data.BatchSampler(order, batch_size, drop_last=True)
-    loader = torch.utils.data.DataLoader(tensors, batch_size=None, sampler=batches)
+    loader = lightning_batches(dataset, batch_size, steps + 1)
     clock = BatchClock()
     reset_memory(device)
     module = ReferenceModule()
@@ -256,6 +272,7 @@ def lightning_loop(
         for s, e in zip(clock.starts[warmup:steps], clock.ends[warmup:steps], strict=True)
     ]
     window_s = starts[-1] - starts[0]
+    losses = torch.stack(module.losses[:steps]).cpu().tolist() if module.losses else []
     return {
         "measured_steps": len(intervals),
         "step_ms_median": statistics.median(intervals),
@@ -263,11 +280,20 @@ def lightning_loop(
         "window_s": window_s,
         "batch_start_to_end_ms_median": statistics.median(inside),
         **memory(device),
-    }
+    }, losses
+
+
+def lightning_batches(dataset: Splits, batch_size: int, steps: int) -> torch.utils.data.DataLoader:
+    """d's DataLoader: b's batches (EpochBatches: epoch_order(n, SEED, epoch)), each fetched
+    whole by its index list from the host tensors, without per-sample indexing and collation,
+    which would charge d for data loading."""
+    tensors = torch.utils.data.TensorDataset(*to_tensors(dataset.train))
+    order = EpochBatches(len(tensors), batch_size, SEED, 0, steps)
+    return torch.utils.data.DataLoader(tensors, batch_size=None, sampler=order)
 
 
 def forward_backward_bound(
-    device: torch.device, dataset: Dataset, batch_size: int, steps: int, warmup: int
+    device: torch.device, dataset: Splits, batch_size: int, steps: int, warmup: int
 ) -> dict[str, Any]:
     """Forward, loss, backward only: no optimizer, no logging, no copies. The batches are the
     ones b and c see, resident on the device (views into a per-epoch shuffled copy), so the bound
@@ -275,7 +301,7 @@ def forward_backward_bound(
     reset_memory(device)
     model = reference_model(dataset, device)
     loss_fn = nn.CrossEntropyLoss()
-    resident = Batches(dataset, batch_size, device, resident=True, seed=SEED)
+    resident = reference_batches(dataset, batch_size, device)
     timer = StepTimer(device, warmup)
     for inputs, targets in resident.take(steps):
         timer.begin()

@@ -1,8 +1,4 @@
-"""Where the training step runs: this process, or a CPU/CUDA container.
-
-    runtime=auto    Docker when an engine answers, else this process (one warning line)
-    runtime=docker  a container, or a clear error when no engine answers
-    runtime=local   this process
+"""Train inside reprotrain's CPU or CUDA image (runtime=docker, or auto with an engine).
 
 The image follows the device: device=cuda -> the CUDA image with --gpus all; device=cpu ->
 the CPU image; device=auto -> the CUDA image only where Docker can reach NVIDIA GPUs.
@@ -12,56 +8,32 @@ at the same absolute path, so the runs it records are readable from the host's M
 
 from __future__ import annotations
 
+import json
 import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
+from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from reprotrain.checkpoint import load_resume_point
+from reprotrain.containers import (
+    container_command,
+    ensure_image,
+    host_has_docker_gpus,
+    run_container,
+)
 from reprotrain.errors import RuntimeEnvError, UserError
 from reprotrain.project import default_tracking_uri, find_root, git_state
 from reprotrain.schema import Config, as_dict
+from reprotrain.stopping import Interrupted
+from reprotrain.tracking import check_store, ensure_experiment, prepare_store
 
 CONTAINER_ENV = "REPROTRAIN_IN_CONTAINER"
 
 
-def launch(config: Config, overrides: list[str]) -> dict[str, Any] | None:
-    from reprotrain.train import run
-
-    mode = choose_runtime(config)
-    if mode == "local":
-        return run(config, "local")
-    return run_in_docker(config)
-
-
-def choose_runtime(config: Config) -> str:
-    mode = config.runtime.mode
-    if mode == "local" or os.environ.get(CONTAINER_ENV) == "1":
-        return "local"  # already inside reprotrain's container: train here
-    from reprotrain.containers import engine_status
-
-    status = engine_status()
-    if status.available:
-        return "docker"
-    if mode == "docker":
-        raise RuntimeEnvError(
-            f"runtime=docker but Docker is not usable: {status.reason}",
-            hint="start the Docker engine (or install Docker), or run with runtime=local",
-        )
-    print(
-        f"reprotrain: warning: {status.reason}; training in this process "
-        "(runtime=local silences this warning)",
-        file=sys.stderr,
-        flush=True,
-    )
-    return "local"
-
-
 def image_kind(config: Config) -> str:
-    from reprotrain.containers import host_has_docker_gpus
-
     if config.train.compile:  # say so here, not from inside the container after a build
         raise RuntimeEnvError(
             "train.compile=true cannot run in reprotrain's images: they have no C++ compiler "
@@ -89,10 +61,8 @@ def image_kind(config: Config) -> str:
     return "cpu"
 
 
-def run_in_docker(config: Config) -> None:
-    from reprotrain.containers import container_command, ensure_image, run_container
-    from reprotrain.tracking import check_store, prepare_store
-
+def run_in_docker(config: Config) -> dict[str, Any]:
+    """Build (or reuse) the image, run the training script in it; returns its metrics.json."""
     root = find_root()
     kind = image_kind(config)
     resumed = resumed_run_id(config)  # a missing or mismatched checkpoint fails before a build
@@ -111,6 +81,7 @@ def run_in_docker(config: Config) -> None:
         "REPROTRAIN_IMAGE_ID": image.id,
         "REPROTRAIN_GIT_COMMIT": commit,
         "REPROTRAIN_GIT_DIRTY": dirty,
+        "GIT_PYTHON_REFRESH": "quiet",  # the image has no git: MLflow's probe for it stays quiet
         CONTAINER_ENV: "1",
         **({"REPROTRAIN_RUN_ID": run_id} if run_id else {}),
         **{
@@ -150,8 +121,6 @@ def run_in_docker(config: Config) -> None:
         if run_id:
             end_if_running(uri, run_id, code)
     if code in (130, 143):  # stopped by Ctrl-C / docker stop: end as a local run would
-        from reprotrain.tracking import Interrupted
-
         raise Interrupted(code - 128)
     if code == UserError.exit_code:  # the container printed the one-line error: not again
         raise SystemExit(code)
@@ -160,23 +129,27 @@ def run_in_docker(config: Config) -> None:
             f"the training container ({image.tag}) exited with code {code}",
             hint="see its last log lines above; 137 = killed (docker kill or out of memory)",
         )
+    return json.loads((Path(config.train.output_dir) / "metrics.json").read_text())
 
 
 def resumed_run_id(config: Config) -> str:
     """train.resume continues the MLflow run its checkpoint belongs to: hand that run in
     rather than create one (which would be left empty, ended FAILED). The checkpoint is
     checked here exactly as the run in the container will check it."""
-    from reprotrain.train import load_resume_point
-
     state = load_resume_point(config)
     return state["run_id"] if state else ""
 
 
 def outside_paths(config: Config, uri: str) -> tuple[Path, ...]:
-    """Folders the run touches, to mount at the same paths: cwd, outputs, data, a sqlite store."""
-    paths = [Path.cwd(), Path(config.train.output_dir).resolve()]
-    if config.data.file:
-        paths.append(Path(config.data.file).resolve().parent)
+    """Folders the run touches, to mount at the same paths: cwd, outputs, checkpoints, data,
+    a sqlite store."""
+    paths = [
+        Path.cwd(),
+        Path(config.train.output_dir).resolve(),
+        Path(config.train.checkpoint_dir).resolve(),
+    ]
+    if config.data.get("file"):
+        paths.append(Path(config.data["file"]).resolve().parent)
     if uri.startswith("sqlite:///"):
         paths.append(Path(uri.removeprefix("sqlite:///")).parent)
     for path in paths[1:]:
@@ -197,19 +170,15 @@ def write_launch_config(root: Path, config: Config) -> Path:
 
 def create_run(config: Config, uri: str, kind: str) -> str:
     """Create the run on the host, so a container killed outright still leaves a status."""
-    from mlflow.tracking import MlflowClient
-
-    from reprotrain.tracking import ensure_experiment
-
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, config.tracking.experiment)
-    name = config.tracking.run_name or f"{config.model.name}-{config.optimizer.name}-docker-{kind}"
+    model, optimizer = (config.model["_target_"], config.optimizer["_target_"])
+    default = f"{model.rsplit('.', 1)[-1]}-{optimizer.rsplit('.', 1)[-1]}-docker-{kind}".lower()
+    name = config.tracking.run_name or default
     return client.create_run(experiment_id, run_name=name).info.run_id
 
 
 def end_if_running(uri: str, run_id: str, exit_code: int) -> None:
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(uri)
     if client.get_run(run_id).info.status != "RUNNING":
         return  # the container ended its own run

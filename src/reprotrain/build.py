@@ -1,0 +1,247 @@
+"""Build the pieces a config names, with Hydra's `instantiate`: data, model, loss, optimizer,
+scheduler. One path for reprotrain's own models and data and for yours.
+
+    splits = build_data(config)                           # Splits(train, val, num_classes)
+    model_cfg = with_data_sizes(config.model, splits)     # sizes that follow the data, filled in
+    model = build_model(model_cfg).to(device)             # once
+    optimizer = build_optimizer(config.optimizer, model.parameters(), device)
+
+**Sizes that follow the data** (the one place they are filled in): when the model's
+constructor takes an argument named `in_features` (a sample's element count), `input_shape`
+(a sample's shape, e.g. [1, 8, 8]), `in_channels` (its first dimension) or `num_classes`, and
+the YAML does not set it, it is taken from the training data's first sample and class count.
+A value set in the YAML (or an interpolation such as `${data.num_features}`) wins.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import get_object, instantiate
+from torch import nn
+
+from reprotrain.data import Splits, as_splits, read_npz, sample_of
+from reprotrain.errors import ConfigError
+from reprotrain.schema import Config, target_kwargs
+
+
+@dataclass
+class Pieces:
+    """What a run trains: built once, then placed on the device by the loop's caller."""
+
+    splits: Splits
+    model: nn.Module
+    model_config: dict[str, Any]  # the model's _target_ config with the data sizes filled in
+    loss_fn: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # torch.optim.lr_scheduler.LRScheduler | None
+    scheduler_interval: str  # "step" or "epoch"
+
+
+def build(config: Config, device: torch.device, splits: Splits | None = None) -> Pieces:
+    splits = splits or build_data(config)
+    model_config = with_data_sizes(config.model, splits)
+    model = build_model(model_config).to(device)  # once, before the loop
+    loss_fn = build_loss(config.loss)
+    if isinstance(loss_fn, nn.Module):
+        loss_fn = loss_fn.to(device)
+    optimizer = build_optimizer(
+        config.optimizer, model.parameters(), device, capturable=config.train.cuda_graphs
+    )
+    scheduler, interval = build_scheduler(config.scheduler, optimizer)
+    return Pieces(splits, model, model_config, loss_fn, optimizer, scheduler, interval)
+
+
+def build_data(config: Config) -> Splits:
+    """The prepared file when data.file is set, else whatever data._target_ returns."""
+    if config.data.get("file"):
+        return read_npz(Path(config.data["file"]))
+    return as_splits(_instantiate("data", config.data), config.data["_target_"])
+
+
+def data_sizes(splits: Splits) -> dict[str, Any]:
+    inputs, _targets = sample_of(splits.train)
+    return {
+        "in_features": int(inputs.numel()),
+        "input_shape": list(inputs.shape),
+        "in_channels": int(inputs.shape[0]) if inputs.ndim else 1,
+        "num_classes": splits.num_classes,
+    }
+
+
+def with_data_sizes(node: dict[str, Any], splits: Splits) -> dict[str, Any]:
+    """The model config plus the data sizes its constructor takes and the YAML leaves out."""
+    try:
+        parameters = inspect.signature(get_object(node["_target_"])).parameters
+    except (TypeError, ValueError):
+        return dict(node)
+    filled = dict(node)
+    for name, value in data_sizes(splits).items():
+        if name in parameters and name not in node:
+            if value is None:
+                raise ConfigError(
+                    f"model._target_={node['_target_']!r} takes {name}, but the data gives no "
+                    "class count (num_classes=None)",
+                    hint=f"set model.{name}=N, or return num_classes from data._target_",
+                )
+            filled[name] = value
+    return filled
+
+
+def build_model(node: dict[str, Any]) -> nn.Module:
+    model = _instantiate("model", node)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model._target_={node['_target_']!r} built a {type(model).__name__}, not a torch.nn.Module",
+            hint="point model._target_ at an nn.Module subclass (or a function returning one)",
+        )
+    return model
+
+
+def build_loss(node: dict[str, Any]) -> Any:
+    loss_fn = _instantiate("loss", node)
+    if not callable(loss_fn):
+        raise ConfigError(
+            f"loss._target_={node['_target_']!r} built a {type(loss_fn).__name__}, which cannot "
+            "be called as loss_fn(outputs, targets)",
+            hint="use a loss module such as torch.nn.CrossEntropyLoss",
+        )
+    return loss_fn
+
+
+def build_optimizer(
+    node: dict[str, Any], params: Any, device: torch.device, capturable: bool = False
+) -> torch.optim.Optimizer:
+    """`fused: null` in the YAML: the fused single-kernel update wherever torch has one (same
+    math; on a small CPU step the per-tensor loop costs more than forward and backward).
+    `capturable`: the step count stays on the device, as CUDA graph capture needs."""
+    extra: dict[str, Any] = {}
+    if "fused" in node and node["fused"] is None:
+        extra["fused"] = True if device.type in ("cuda", "cpu", "mps") else None
+    if capturable:
+        extra["capturable"] = True
+    make = _instantiate("optimizer", node, **extra)
+    optimizer = _call("optimizer", node["_target_"], make, list(params))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"optimizer._target_={node['_target_']!r} built a {type(optimizer).__name__}, "
+            "not a torch.optim.Optimizer",
+            hint="point optimizer._target_ at an optimizer class, with _partial_: true",
+        )
+    return optimizer
+
+
+def build_scheduler(
+    node: dict[str, Any] | None, optimizer: torch.optim.Optimizer
+) -> tuple[Any, str]:
+    if node is None:
+        return None, "step"
+    make = _instantiate("scheduler", node)
+    scheduler = _call("scheduler", node["_target_"], make, optimizer)
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise ConfigError(
+            f"scheduler._target_={node['_target_']!r} built a {type(scheduler).__name__}, "
+            "not a torch.optim.lr_scheduler.LRScheduler",
+            hint="point scheduler._target_ at a scheduler class, with _partial_: true",
+        )
+    return scheduler, node.get("interval", "step")
+
+
+def check_fit(model: nn.Module, loss_fn: Any, splits: Splits, device: torch.device) -> np.ndarray:
+    """One forward and loss on two training samples, before any step: a model whose output
+    does not fit the loss fails here with both shapes. Returns those inputs (as NumPy) for
+    the MLflow Model's input example. Eval mode, no grad: no RNG drawn, no statistic moved."""
+    pairs = [sample_of_index(splits, i) for i in range(min(2, len(splits.train)))]
+    inputs = torch.stack([x for x, _ in pairs])
+    targets = torch.stack([y for _, y in pairs])
+    was_training = model.training
+    model.eval()
+    outputs = None
+    try:
+        with torch.no_grad():
+            outputs = model(inputs.to(device))
+            check_classes(outputs, targets, splits.num_classes)
+            loss = loss_fn(outputs, targets.to(device))
+    except (RuntimeError, ValueError, IndexError, TypeError) as error:
+        shape = "x".join(map(str, outputs.shape)) if isinstance(outputs, torch.Tensor) else "?"
+        raise ConfigError(
+            f"the model's output ({shape} for a batch of {inputs.shape[0]}) does not fit the loss "
+            f"{type(loss_fn).__name__} with targets {'x'.join(map(str, targets.shape))} "
+            f"({str(error).splitlines()[0]})",
+            hint="make the model's last layer produce what the loss takes (e.g. num_classes "
+            "logits for CrossEntropyLoss), or pick another loss",
+        ) from None
+    finally:
+        model.train(was_training)
+    if loss.ndim != 0:
+        raise ConfigError(
+            f"the loss {type(loss_fn).__name__} returned shape {tuple(loss.shape)}, not a scalar",
+            hint="use reduction='mean' (or 'sum') in the loss config",
+        )
+    return inputs.numpy()
+
+
+def check_classes(outputs: torch.Tensor, targets: torch.Tensor, classes: int | None) -> None:
+    """Class labels need at least `classes` outputs per sample."""
+    if (
+        classes
+        and outputs.ndim == 2
+        and not targets.is_floating_point()
+        and outputs.shape[1] < classes
+    ):
+        raise ConfigError(
+            f"the model outputs {outputs.shape[1]} values per sample but the data has "
+            f"{classes} classes",
+            hint="give the model num_classes outputs (take num_classes in its constructor)",
+        )
+
+
+def sample_of_index(splits: Splits, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = splits.train[index]
+    return torch.as_tensor(x), torch.as_tensor(y)
+
+
+def class_name(obj: Any) -> str:
+    kind = obj if inspect.isclass(obj) else type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _instantiate(section: str, node: dict[str, Any], **extra: Any) -> Any:
+    """hydra.utils.instantiate, with a failing constructor turned into one line."""
+    kwargs = {"_target_": node["_target_"], **target_kwargs(section, node), **extra}
+    if node.get("_partial_"):
+        kwargs["_partial_"] = True
+    try:
+        return instantiate(kwargs, _convert_="all")
+    except Exception as error:  # hydra's InstantiationException wraps the constructor's error
+        cause = error.__cause__ or error
+        if out_of_memory(cause):
+            raise cause from None  # the runtime names the device, batch and model
+        raise ConfigError(
+            f"{section}._target_={node['_target_']!r} failed to build: "
+            f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}",
+            hint=f"fix the {section} settings (python -m reprotrain.train --cfg job shows them)",
+        ) from None
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """torch's OOM on a GPU, or the CPU allocator's (a plain RuntimeError)."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    )
+
+
+def _call(section: str, target: str, make: Any, argument: Any) -> Any:
+    try:
+        return make(argument)
+    except Exception as error:
+        raise ConfigError(
+            f"{section}._target_={target!r} failed to build: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}",
+            hint=f"fix the {section} settings (python -m reprotrain.train --cfg job shows them)",
+        ) from None

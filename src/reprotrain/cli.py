@@ -1,0 +1,98 @@
+"""The training script's Hydra app: validate the composed config, hand it to a runtime, and
+return the objective a sweeper optimises. `python -m reprotrain.train` runs `main`.
+
+    python -m reprotrain.train                                   # conf/config.yaml defaults
+    python -m reprotrain.train model=cnn data=digits_images      # another model and dataset
+    python -m reprotrain.train optimizer=sgd optimizer.lr=3e-4 scheduler=cosine
+    python -m reprotrain.train --multirun optimizer=adamw,sgd train.batch_size=32,256
+    python -m reprotrain.train --multirun hydra/sweeper=optuna 'optimizer.lr=interval(1e-4,1e-1)'
+    python -m reprotrain.train --cfg job                         # print the composed config
+    python -m reprotrain.train --config-dir . --config-name params   # a composed params.yaml (DVC)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from reprotrain import overrides
+from reprotrain.errors import ConfigError, UserError, report_and_exit
+from reprotrain.project import PACKAGE_ROOT, conf_digest, find_root
+from reprotrain.results import objective
+from reprotrain.runtime import launch
+from reprotrain.schema import Config, validate
+from reprotrain.stopping import Interrupted
+
+# Overrides that say where or how a job runs, not what it trains: left out of run names.
+NOT_IN_NAMES = ("tracking.", "runtime", "train.output_dir", "train.progress", "hydra")
+
+
+@hydra.main(config_path=str(PACKAGE_ROOT / "conf"), config_name="config", version_base="1.3")
+def hydra_app(cfg: DictConfig) -> float | None:
+    try:
+        config = validate(cfg)
+        hydra_config = HydraConfig.get()
+        if hydra_config.job.config_name != "config":  # a composed params file
+            check_conf_digest(config)
+        if config.train.output_dir is None:  # Hydra's run folder: each sweep job its own
+            config.train.output_dir = hydra_config.runtime.output_dir
+        varied = []
+        if hydra_config.mode == RunMode.MULTIRUN:
+            varied = [o for o in hydra_config.overrides.task if not o.startswith(NOT_IN_NAMES)]
+        result = launch(config, varied)
+        return objective(result, config.train.objective)  # what hydra/sweeper=optuna minimises
+    except UserError as error:
+        report_and_exit(error)
+    return None
+
+
+def check_conf_digest(config: Config) -> None:
+    """A composed params.yaml must come from today's conf/, or training would use stale values."""
+    if config.conf_digest is None:
+        return
+    current = conf_digest()
+    if config.conf_digest != current:
+        raise ConfigError(
+            f"conf/ changed since params.yaml was composed (params.yaml conf_digest="
+            f"{config.conf_digest}, conf/ is now {current})",
+            hint="run `dvc exp run` to compose params.yaml from conf/ and train with the new values",
+        )
+
+
+def main() -> None:
+    put_project_on_path()
+    argv = overrides.normalise(sys.argv[1:])
+    try:
+        overrides.check(argv)
+    except UserError as error:
+        report_and_exit(error)
+    sys.argv = [sys.argv[0], *argv]
+    try:
+        hydra_app()
+    except KeyboardInterrupt:
+        stopped(signal.SIGINT)
+    except Interrupted as stop:
+        stopped(stop.signum)
+
+
+def put_project_on_path() -> None:
+    """Your own `_target_`s import from the project folder (a package there), here and in
+    the processes a sweep's launcher starts."""
+    root = str(find_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, paths)])
+
+
+def stopped(signum: int) -> None:
+    """Ctrl-C / SIGTERM: the run was already ended KILLED with its metrics flushed."""
+    print(f"reprotrain: stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)

@@ -1,0 +1,131 @@
+"""What a `data` target returns, made uniform: train and validation datasets and the class count.
+
+A `data._target_` may return any of
+    Splits(train=..., val=..., num_classes=10)
+    {"train": ..., "val": ..., "num_classes": 10}      # or a tuple (train, val, num_classes)
+where `train` and `val` are map-style `torch.utils.data.Dataset`s (`__len__`, `__getitem__`
+returning `(input, target)`) or `(inputs, targets)` pairs of tensors or NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from reprotrain.errors import DataError
+
+FIX = "return Splits(train, val, num_classes) or {'train': ..., 'val': ..., 'num_classes': N} from data._target_ (see the README's 'Bring your own model')"
+
+
+@dataclass
+class Splits:
+    train: Dataset
+    val: Dataset
+    num_classes: int | None = None  # None: the targets are not class labels
+
+
+def as_splits(built: Any, target: str) -> Splits:
+    """Accept every form above; anything else is one DataError line naming the target."""
+    if isinstance(built, Splits):
+        splits = built
+    elif isinstance(built, Mapping) and {"train", "val"} <= set(built):
+        splits = Splits(built["train"], built["val"], built.get("num_classes"))
+    elif isinstance(built, tuple) and len(built) in (2, 3):
+        splits = Splits(*built)
+    else:
+        raise DataError(
+            f"data._target_={target!r} returned a {type(built).__name__}, not train and "
+            "validation data",
+            hint=FIX,
+        )
+    splits.train = _dataset(splits.train, "train", target)
+    splits.val = _dataset(splits.val, "val", target)
+    if splits.num_classes is not None and (
+        not isinstance(splits.num_classes, int | np.integer) or splits.num_classes < 1
+    ):
+        raise DataError(
+            f"data._target_={target!r} returned num_classes={splits.num_classes!r}; "
+            "allowed: an integer >= 1, or None when the targets are not classes",
+            hint=FIX,
+        )
+    _check_samples(splits, target)
+    return splits
+
+
+def _dataset(data: Any, split: str, target: str) -> Dataset:
+    if isinstance(data, tuple | list) and len(data) == 2:
+        inputs, targets = (
+            torch.as_tensor(np.asarray(a)) if not torch.is_tensor(a) else a for a in data
+        )
+        if inputs.shape[0] != targets.shape[0]:
+            raise DataError(
+                f"data._target_={target!r}: {split} inputs hold {inputs.shape[0]} samples but "
+                f"targets {targets.shape[0]}",
+                hint="give one target per input sample",
+            )
+        return TensorDataset(inputs, targets)
+    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise DataError(
+            f"data._target_={target!r}: the {split} split is a {type(data).__name__}, not a "
+            "map-style Dataset (with __len__ and __getitem__) or an (inputs, targets) pair",
+            hint=FIX,
+        )
+    return data
+
+
+def sample_of(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first (input, target) pair as tensors."""
+    item = dataset[0]
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        raise DataError(
+            f"a {type(dataset).__name__} item is a {type(item).__name__}, not an (input, target) pair",
+            hint="make __getitem__ return (input, target)",
+        )
+    return sample_of_item(item)
+
+
+def _check_samples(splits: Splits, target: str) -> None:
+    for split in ("train", "val"):
+        if len(getattr(splits, split)) == 0:
+            raise DataError(f"data._target_={target!r}: the {split} split is empty", hint=FIX)
+    (x_train, y_train), (x_val, y_val) = sample_of(splits.train), sample_of(splits.val)
+    if x_train.shape != x_val.shape or y_train.shape != y_val.shape:
+        raise DataError(
+            f"data._target_={target!r}: train samples are {_shape(x_train)} -> {_shape(y_train)} "
+            f"but validation samples {_shape(x_val)} -> {_shape(y_val)}",
+            hint="give both splits samples of one shape",
+        )
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return "x".join(map(str, tensor.shape)) or "a scalar"
+
+
+def to_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole split as two tensors (for data that stays resident on the device)."""
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        inputs, targets = dataset.tensors
+        return inputs, targets
+    pairs = [sample_of_item(dataset[i]) for i in range(len(dataset))]
+    return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+
+def sample_of_item(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = item
+    return (
+        x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x)),
+        y if torch.is_tensor(y) else torch.as_tensor(np.asarray(y)),
+    )
+
+
+def nbytes(dataset: Dataset) -> int:
+    """Bytes of the split as resident tensors, estimated from its first sample."""
+    if isinstance(dataset, TensorDataset):
+        return sum(t.numel() * t.element_size() for t in dataset.tensors)
+    x, y = sample_of(dataset)
+    return len(dataset) * (x.numel() * x.element_size() + y.numel() * y.element_size())

@@ -1,0 +1,88 @@
+"""What a run records about where it came from: tags, its name, the data's and config's hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import TensorDataset
+
+from reprotrain import __version__
+from reprotrain.build import Pieces, class_name
+from reprotrain.data import file_md5
+from reprotrain.project import find_root, git_state
+from reprotrain.schema import Config, as_dict
+
+ENV_TAGS = (
+    ("DVC_STAGE", "dvc.stage"),
+    ("DVC_EXP_NAME", "dvc.exp_name"),
+    ("DVC_EXP_BASELINE_REV", "dvc.baseline_rev"),
+    ("REPROTRAIN_SWEEP_ID", "sweep.id"),
+    ("REPROTRAIN_PARENT_RUN_ID", "mlflow.parentRunId"),
+)
+
+
+def run_tags(config: Config, pieces: Pieces, runtime: str) -> dict[str, str]:
+    commit, dirty = git_state(find_root())
+    tags = {
+        "runtime": os.environ.get("REPROTRAIN_RUNTIME", runtime),
+        "git.commit": commit,
+        "git.dirty": dirty,
+        "data.hash": data_hash(config, pieces),
+        "config.hash": conf_hash(config),
+        "reprotrain.version": __version__,
+        "mlflow.source.name": "reprotrain.train",
+        **built_tags(pieces),
+    }
+    if os.environ.get("REPROTRAIN_IMAGE_ID"):
+        tags["image.id"] = os.environ["REPROTRAIN_IMAGE_ID"]
+    tags.update({tag: os.environ[env] for env, tag in ENV_TAGS if os.environ.get(env)})
+    return tags
+
+
+def built_tags(pieces: Pieces) -> dict[str, str]:
+    """What was built, by class: the names a dashboard filters on."""
+    tags = {
+        "model.class": class_name(pieces.model),
+        "optimizer.class": class_name(pieces.optimizer),
+        "loss.class": class_name(pieces.loss_fn),
+        "model.parameters": str(count_parameters(pieces.model)),
+    }
+    if pieces.scheduler is not None:
+        tags["scheduler.class"] = class_name(pieces.scheduler)
+    return tags
+
+
+def run_name(config: Config, pieces: Pieces, device: torch.device, varied: list[str]) -> str:
+    """tracking.run_name, else <model>-<optimizer>-<device>, plus what a sweep job varies."""
+    if config.tracking.run_name:
+        return config.tracking.run_name
+    parts = [type(pieces.model).__name__, type(pieces.optimizer).__name__, device.type]
+    name = "-".join(part.lower() for part in parts)
+    return " ".join([name, *varied])
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def data_hash(config: Config, pieces: Pieces) -> str:
+    """md5 of the prepared file (as in dvc.lock), or of in-memory tensors; else 'not computed'
+    (a streamed dataset is not read twice to hash it: its config is recorded instead)."""
+    if config.data.get("file"):
+        return file_md5(Path(config.data["file"]))
+    digest = hashlib.md5()
+    for split in (pieces.splits.train, pieces.splits.val):
+        if not isinstance(split, TensorDataset):
+            return "not computed"
+        for tensor in split.tensors:
+            digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def conf_hash(config: Config) -> str:
+    tree = {k: v for k, v in as_dict(config).items() if k != "conf_digest"}
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(tree)).encode()).hexdigest()[:16]

@@ -1,0 +1,147 @@
+"""The end of a run: validation, summary metrics, outputs, artifacts, the MLflow Model.
+
+<output_dir>/metrics.json  summary figures and the MLflow run id (written last: its
+                           presence means the run completed)
+<output_dir>/loss.csv      step,loss for every step (a DVC plot)
+<output_dir>/model.pt      {"state_dict", "model": the model's _target_ config with the data
+                           sizes filled in, "loss": the loss config, "num_classes"}
+<output_dir>/loss.png      the loss curve;  config.yaml  the resolved config
+"""
+
+from __future__ import annotations
+
+import copy
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+from omegaconf import OmegaConf
+
+from reprotrain.build import Pieces, class_name
+from reprotrain.data.batches import val_batches
+from reprotrain.devices import DeviceInfo
+from reprotrain.loop import Fitted
+from reprotrain.outputs import write_json, write_loss_csv, write_loss_plot, write_model, write_text
+from reprotrain.provenance import count_parameters
+from reprotrain.schema import Config, as_dict
+from reprotrain.step import evaluate
+from reprotrain.timing import PHASES, training_flops_per_sample
+
+MODEL_FORMAT = 2
+
+
+def finish(
+    config: Config,
+    pieces: Pieces,
+    fitted: Fitted,
+    tracked: Any,
+    device: torch.device,
+    info: DeviceInfo,
+    example: np.ndarray,
+    out_dir: Path,
+    total: int,
+    startup_s: float,
+    tracking_uri: str | None,
+) -> dict[str, Any]:
+    began = time.perf_counter()
+    model = pieces.model
+    val_loss, val_accuracy, _ = evaluate(
+        model, val_batches(pieces.splits.val, device), pieces.loss_fn, device
+    )
+    timings = fitted.timings
+    flops = training_flops_per_sample(model, torch.from_numpy(example).to(device))
+    result: dict[str, Any] = {
+        "steps": total,
+        "batch_size": config.train.batch_size,
+        "final_loss": fitted.losses[-1],
+        "val_loss": val_loss,
+        "val_accuracy": val_accuracy,
+        "samples_per_s": timings["samples_per_s"],
+        "step_ms_median": timings["step_ms_median"],
+        "startup_s": startup_s,
+        "train_flops_per_s": timings["samples_per_s"] * flops,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "nonfinite_steps": fitted.nonfinite_steps,
+        "tracking_s": timings["tracking_s"],
+        "checkpoint_s": timings["checkpoint_s"],
+        "model_class": class_name(model),
+        "parameters": count_parameters(model),
+        **{f"{phase}_ms_mean": timings[f"{phase}_ms_mean"] for phase in PHASES},
+    }
+    if device.type == "cuda":
+        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    write_outputs(config, pieces, fitted, tracked, out_dir, info)
+    if config.tracking.log_model:
+        cpu_model = copy.deepcopy(model).cpu()  # loadable on a machine without this device
+        tracked.log_model(cpu_model, example, registered_name=config.tracking.register_as)
+    result["outputs_s"] = time.perf_counter() - began
+    result["total_s"] = time.time() - psutil.Process().create_time()
+    tracked.log_metrics(summary_metrics(result), step=total)
+    result.update(
+        run_id=tracked.run_id,
+        tracking_uri=tracking_uri,
+        device=info.type,
+        device_name=info.name,
+    )
+    # NaN is not JSON: a figure that could not be measured is written as null. Last.
+    write_json(out_dir / "metrics.json", {k: _json_value(v) for k, v in result.items()})
+    return result
+
+
+def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The MLflow names of the summary figures (also what train.objective picks from)."""
+    metrics = {
+        "val/loss": result["val_loss"],
+        "val/accuracy": result["val_accuracy"],
+        "train/final_loss": result["final_loss"],
+        "throughput/samples_per_s": result["samples_per_s"],
+        "time/step_ms_median": result["step_ms_median"],
+        "time/startup_s": result["startup_s"],
+        "time/total_s": result["total_s"],
+        "time/tracking_s": result["tracking_s"],
+        "time/checkpoint_s": result["checkpoint_s"],
+        "time/outputs_s": result["outputs_s"],
+        "memory/peak_rss_mb": result["peak_rss_mb"],
+        "train/nonfinite_steps": result["nonfinite_steps"],
+        "model.parameters": result["parameters"],
+        **{f"time/{phase}_ms": result[f"{phase}_ms_mean"] for phase in PHASES},
+    }
+    if "cuda_peak_mb" in result:
+        metrics["memory/cuda_peak_mb"] = result["cuda_peak_mb"]
+    return {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
+
+
+def objective(result: dict[str, Any], name: str) -> float:
+    """The figure a sweeper optimises: val/loss, val/accuracy or train/loss (the last step's)."""
+    key = {"val/loss": "val_loss", "val/accuracy": "val_accuracy", "train/loss": "final_loss"}[name]
+    value = result.get(key)
+    return float("nan") if value is None else float(value)
+
+
+def write_outputs(
+    config: Config, pieces: Pieces, fitted: Fitted, tracked: Any, out_dir: Path, info: DeviceInfo
+) -> None:
+    tree = as_dict(config)
+    title = f"{info.name} · {type(pieces.model).__name__} · {type(pieces.optimizer).__name__}"
+    saved = {
+        "format": MODEL_FORMAT,
+        "model": pieces.model_config,
+        "loss": tree["loss"],
+        "num_classes": pieces.splits.num_classes,
+    }
+    files = [
+        write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(tree))),
+        write_loss_plot(out_dir / "loss.png", fitted.steps, fitted.losses, title),
+        write_model(out_dir / "model.pt", pieces.model, saved),
+        write_loss_csv(out_dir / "loss.csv", fitted.steps, fitted.losses),
+    ]
+    for path in files:
+        tracked.log_artifact(path)
+
+
+def _json_value(value: Any) -> Any:
+    return None if isinstance(value, float) and not np.isfinite(value) else value

@@ -1,0 +1,57 @@
+"""Where the training step runs: this process, or reprotrain's CPU/CUDA container.
+
+    runtime=auto    Docker when an engine answers, else this process (one warning line)
+    runtime=docker  a container, or a clear error when no engine answers
+    runtime=local   this process
+
+Both run the same function (runtime.local.run) on the same resolved config; the container
+runtime starts it inside the image with the project mounted at the same path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from reprotrain.containers import engine_status
+from reprotrain.errors import RuntimeEnvError
+from reprotrain.runtime.local import run
+from reprotrain.schema import Config
+
+CONTAINER_ENV = "REPROTRAIN_IN_CONTAINER"
+WARNED_ENV = "REPROTRAIN_WARNED_NO_DOCKER"  # a sweep's jobs share one warning
+
+
+def launch(config: Config, varied: list[str] | None = None) -> dict[str, Any]:
+    """Train where config.runtime says; returns the run's metrics (metrics.json)."""
+    if choose_runtime(config) == "local":
+        return run(config, "local", varied)
+    # Imported here, not at the top: it loads MLflow's client and the image logic, which a
+    # local run (most runs) never needs, and MLflow's import alone takes ~2 s.
+    from reprotrain.runtime.container import run_in_docker
+
+    return run_in_docker(config)
+
+
+def choose_runtime(config: Config) -> str:
+    mode = config.runtime.mode
+    if mode == "local" or os.environ.get(CONTAINER_ENV) == "1":
+        return "local"  # already inside reprotrain's container: train here
+    status = engine_status()
+    if status.available:
+        return "docker"
+    if mode == "docker":
+        raise RuntimeEnvError(
+            f"runtime=docker but Docker is not usable: {status.reason}",
+            hint="start the Docker engine (or install Docker), or run with runtime=local",
+        )
+    if os.environ.get(WARNED_ENV) != "1":
+        print(
+            f"reprotrain: warning: {status.reason}; training in this process "
+            "(runtime=local silences this warning)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.environ[WARNED_ENV] = "1"  # once per process, and per sweep (jobs inherit it)
+    return "local"

@@ -1,0 +1,179 @@
+"""Train in this process: resolve the device, build the pieces, open the MLflow run, run the
+loop, write the outputs. The container runtime runs this same function inside the image.
+
+    result = run(config)        # the metrics written to metrics.json
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from reprotrain import fastpaths
+from reprotrain.build import Pieces, build, check_fit
+from reprotrain.build import out_of_memory as is_out_of_memory
+from reprotrain.checkpoint import checkpoint_path, fingerprint, load_resume_point, save_checkpoint
+from reprotrain.data import make_batches
+from reprotrain.devices import describe_device, resolve_device, set_threads
+from reprotrain.errors import ConfigError, DeviceError
+from reprotrain.loop import fit
+from reprotrain.project import default_tracking_uri
+from reprotrain.provenance import count_parameters, run_name, run_tags
+from reprotrain.results import finish
+from reprotrain.schema import Config, as_dict, flatten
+from reprotrain.seeding import seed_everything
+from reprotrain.stopping import GracefulStop
+from reprotrain.tracking import NoRun, TrackedRun, check_store
+
+
+def run(config: Config, runtime: str = "local", varied: list[str] | None = None) -> dict[str, Any]:
+    """Train once as `config` says; returns the metrics written to metrics.json."""
+    device = resolve_device(config.device.type, config.device.index)  # before any run exists
+    fastpaths.check(config.train, device)
+    set_threads(config.train.threads)
+    seed_everything(config.train.seed, config.train.deterministic, device)
+    out_dir = check_output_dir(Path(config.train.output_dir or "outputs/runs/latest"))
+    uri = config.tracking.uri or default_tracking_uri()
+    if config.tracking.enabled:
+        check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
+    stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
+    resume_from = load_resume_point(config)
+    try:
+        pieces = build(config, device)
+    except (torch.OutOfMemoryError, RuntimeError) as error:
+        if not is_out_of_memory(error):
+            raise
+        raise out_of_memory(device, config, None) from None
+    example = check_fit(pieces.model, pieces.loss_fn, pieces.splits, device)
+    batches = make_batches(pieces.splits.train, config.train, device)
+    total = config.train.steps or config.train.epochs * batches.batches_per_epoch
+    start, losses = restore(resume_from, pieces)
+    info = describe_device(device)
+    startup_s = time.time() - psutil.Process().create_time()  # process start to first step
+    tracker = (
+        TrackedRun(
+            uri,
+            config.tracking.experiment,
+            run_name(config, pieces, device, varied or []),
+            {**info.as_tags(), **run_tags(config, pieces, runtime)},
+            flatten(as_dict(config)),
+            config.tracking.flush_every_s,
+            resume_run_id=resume_from["run_id"] if resume_from else "",
+            spool_dir=out_dir / "spool",
+        )
+        if config.tracking.enabled
+        else NoRun()
+    )
+    with tracker as tracked:
+
+        def save(step: int, losses_so_far: list[float]) -> None:
+            save_checkpoint(
+                checkpoint_path(config.train.checkpoint_dir, tracked.run_id),
+                step=step,
+                model=pieces.model,
+                optimizer=pieces.optimizer,
+                scheduler=pieces.scheduler,
+                losses=losses_so_far,
+                run_id=tracked.run_id,
+                fingerprint=fingerprint(config),
+            )
+
+        try:
+            fitted = fit(
+                pieces.model,
+                batches,
+                pieces.loss_fn,
+                pieces.optimizer,
+                device=device,
+                train=config.train,
+                recorder=tracked,
+                scheduler=pieces.scheduler,
+                scheduler_interval=pieces.scheduler_interval,
+                total=total,
+                start=start,
+                losses=losses,
+                save=save,
+                stop=stop,
+                loss_every=config.tracking.loss_every,
+            )
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not is_out_of_memory(error):
+                raise
+            raise out_of_memory(device, config, pieces) from None
+        result = finish(
+            config,
+            pieces,
+            fitted,
+            tracked,
+            device,
+            info,
+            example,
+            out_dir,
+            total,
+            startup_s,
+            uri if config.tracking.enabled else None,
+        )
+    if config.tracking.enabled:
+        print(
+            f"reprotrain: run {result['run_id']} FINISHED (experiment {config.tracking.experiment!r}); "
+            f"outputs in {out_dir}; browse it with: mlflow ui --backend-store-uri {uri}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result
+
+
+def restore(state: dict[str, Any] | None, pieces: Pieces) -> tuple[int, list[float]]:
+    """Load a checkpoint into the model, optimizer and scheduler; return (step, losses so far)."""
+    if state is None:
+        return 0, []
+    pieces.model.load_state_dict(state["model"])
+    pieces.optimizer.load_state_dict(state["optimizer"])
+    if pieces.scheduler is not None and state.get("scheduler") is not None:
+        pieces.scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["step"], list(state["losses"])
+
+
+def out_of_memory(device: torch.device, config: Config, pieces: Pieces | None) -> DeviceError:
+    """A bare OOM names neither the batch nor the model; this message does."""
+    model = (
+        f"{type(pieces.model).__name__} ({count_parameters(pieces.model):,} parameters)"
+        if pieces is not None
+        else f"{config.model['_target_']} (while building it)"
+    )
+    figures = ""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        figures = (
+            f"; {torch.cuda.memory_allocated(device) / 2**20:,.0f} MiB allocated by torch, "
+            f"{free / 2**20:,.0f} of {total / 2**20:,.0f} MiB free"
+        )
+    return DeviceError(
+        f"out of memory on {device} at train.batch_size={config.train.batch_size} with model "
+        f"{model}{figures}",
+        hint="lower train.batch_size or the model's size, or keep the data on the host with "
+        "train.resident_data=false",
+    )
+
+
+def check_output_dir(out_dir: Path) -> Path:
+    """Fail before training, not after it, when the results cannot be written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"train.output_dir={str(out_dir)!r} cannot be written ({error.strerror})",
+            hint="point train.output_dir at a writable folder",
+        ) from None
+    return out_dir

@@ -1,0 +1,51 @@
+"""The MLflow record of a run, through MLflow's public API only.
+
+recorder.py     the interface the loop records through (Recorder), NoRun, MetricBuffer,
+                end_status / describe_error (how a run's end maps to its MLflow status)
+mlflow_run.py   TrackedRun: one MLflow run, metrics sent in batches with log_batch
+mlflow_model.py the run's MLflow Model (mlflow.pytorch.log_model), with its code
+store.py        check_store, prepare_store, ensure_experiment, artifact_location
+spool.py        what a tracking server that is away did not take, kept to send later
+"""
+
+from reprotrain.tracking.mlflow_model import log_pytorch_model
+from reprotrain.tracking.mlflow_run import RUN_ID_ENV, TrackedRun
+from reprotrain.tracking.recorder import (
+    MAX_BATCH,
+    MetricBuffer,
+    NoRun,
+    Point,
+    Recorder,
+    describe_error,
+    end_status,
+)
+from reprotrain.tracking.spool import Spool, is_unreachable
+from reprotrain.tracking.store import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    artifact_location,
+    check_store,
+    ensure_experiment,
+    prepare_store,
+)
+
+__all__ = [
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG",
+    "MAX_BATCH",
+    "RUN_ID_ENV",
+    "MetricBuffer",
+    "NoRun",
+    "Point",
+    "Recorder",
+    "Spool",
+    "TrackedRun",
+    "artifact_location",
+    "check_store",
+    "describe_error",
+    "end_status",
+    "ensure_experiment",
+    "is_unreachable",
+    "log_pytorch_model",
+    "prepare_store",
+]

@@ -1,0 +1,186 @@
+"""An MLflow Model for a run, loadable with `mlflow.pytorch.load_model("runs:/<id>/model")`.
+
+    info = log_pytorch_model(uri, run_id, model, inputs[:4], registered_name=None)
+
+The model is saved with torch.export (MLflow's default "pt2" format): the traced graph and
+its weights, loaded without the model's Python class and without unpickling code. A model
+torch.export cannot trace (a Python `if` on tensor values, say) is saved with pickle instead,
+which imports the model's classes when loaded. Either way the MLflow Model carries the source
+of every class it uses that is not an installed package (`code_paths`: MLflow copies it into
+the model's `code/` folder and puts that folder first on `sys.path` when it loads the model),
+so a model whose class lives in the user's project folder loads from anywhere.
+
+MLflow and torch are imported here when a model is logged, not when reprotrain starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import site
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from reprotrain.tracking.spool import is_unreachable
+
+MODEL_NAME = "model"  # the artifact path: runs:/<run id>/model
+EXAMPLE_ROWS = 4  # rows of the input example kept in the MLflow Model
+
+
+def log_pytorch_model(
+    uri: str, run_id: str, model: Any, input_example: Any, registered_name: str | None = None
+) -> Any:
+    """Log `model` (a torch.nn.Module) as run `run_id`'s MLflow Model under `model`, with a
+    signature inferred from `input_example` (a batch of inputs) and the model's output;
+    register it as a new version of `registered_name` if given. Returns MLflow's ModelInfo."""
+    import mlflow
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import infer_signature
+
+    # A CPU copy in eval mode: loadable on any machine, and the caller's model is untouched.
+    snapshot = copy.deepcopy(model).to("cpu").eval()
+    example = example_batch(input_example)
+    with torch.no_grad():
+        output = snapshot(torch.from_numpy(example))
+    signature = infer_signature(example, _as_numpy(output))
+    # Explicit pins: otherwise MLflow spends seconds inferring requirements by importing the
+    # model. A local version label (2.13.0+cpu) is dropped: it names a wheel index, not code.
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
+
+    with tempfile.TemporaryDirectory(prefix="reprotrain-code-") as scratch:
+        code = carried_code(snapshot, Path(scratch))
+
+        def log(serialization_format: str) -> Any:
+            return mlflow.pytorch.log_model(
+                snapshot,
+                name=MODEL_NAME,
+                signature=signature,
+                input_example=example,
+                pip_requirements=requirements,
+                code_paths=code or None,
+                registered_model_name=registered_name,
+                serialization_format=serialization_format,
+            )
+
+        with active_run(uri, run_id):
+            try:
+                return log("pt2")
+            except Exception as error:
+                if is_unreachable(error):  # the store, not the model: nothing to retry here
+                    raise
+                _drop_failed_model(mlflow, run_id)  # torch.export could not trace the model
+                print(
+                    f"reprotrain: warning: torch.export could not trace "
+                    f"{type(model).__name__} ({str(error).splitlines()[0][:200]}); its MLflow "
+                    "Model is saved with pickle and the code it imports",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return log("pickle")
+
+
+@contextmanager
+def active_run(uri: str, run_id: str) -> Iterator[None]:
+    """Make `run_id` on `uri` MLflow's active run for its fluent calls (mlflow.pytorch.log_model
+    has no client argument), then put MLflow's global state back: the tracking URI as it was
+    (set or not), and no active run of ours.
+
+    `with mlflow.start_run(run_id=...)` would end the run FINISHED on the way out, while it is
+    still training; `end_run(status="RUNNING")` takes it off MLflow's stack and leaves it
+    RUNNING (MLflow also stamps an end time, which the run's real end replaces).
+    """
+    import mlflow
+
+    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    mlflow.set_tracking_uri(uri)
+    try:
+        mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
+        try:
+            yield
+        finally:
+            mlflow.end_run(status="RUNNING")
+    finally:
+        mlflow.set_tracking_uri(previous)  # None unsets it (and MLFLOW_TRACKING_URI)
+
+
+def example_batch(input_example: Any) -> np.ndarray:
+    """A few rows of a batch as a numpy array on the CPU. Two rows at least: torch.export
+    keeps the batch dimension dynamic only when the example has more than one row."""
+    if hasattr(input_example, "detach"):  # a torch.Tensor, on any device
+        input_example = input_example.detach().cpu().numpy()
+    batch = np.asarray(input_example)[:EXAMPLE_ROWS]
+    return np.concatenate([batch, batch]) if len(batch) == 1 else batch
+
+
+def _as_numpy(output: Any) -> Any:
+    return output.detach().numpy() if hasattr(output, "detach") else output
+
+
+def carried_code(model: Any, scratch: Path) -> list[str]:
+    """The code paths that make the classes of `model` and its submodules importable by their
+    own names: each one's top-level module or package, unless it is installed (site-packages)
+    or in the standard library. A single-file module goes as it is; of a package, only the
+    modules this process imported from it are copied into `scratch` (not data files that may
+    sit in its folders)."""
+    paths = []
+    for name in sorted({type(part).__module__.partition(".")[0] for part in model.modules()}):
+        top = sys.modules.get(name)
+        place = _source_place(top)
+        if top is None or place is None or _is_installed(place):
+            continue
+        if place.is_file():
+            paths.append(str(place))
+        else:
+            paths.append(str(_copy_imported_modules(name, place, scratch)))
+    return paths
+
+
+def _source_place(module: ModuleType | None) -> Path | None:
+    """The file of a single-file module, or the folder of a package; None for `__main__`
+    (pickled by value) and for modules without a file (built in)."""
+    if module is None or module.__name__ == "__main__":
+        return None
+    file = getattr(module, "__file__", None)
+    if file is not None:
+        path = Path(file).resolve()
+        return path.parent if path.name == "__init__.py" else path
+    folders = list(getattr(module, "__path__", []))  # a namespace package: one folder only
+    return Path(folders[0]).resolve() if len(folders) == 1 else None
+
+
+def _is_installed(place: Path) -> bool:
+    paths = sysconfig.get_paths()
+    roots = [paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]]
+    roots += [*site.getsitepackages(), site.getusersitepackages()]
+    return any(place.is_relative_to(Path(root).resolve()) for root in roots if root)
+
+
+def _copy_imported_modules(package: str, folder: Path, scratch: Path) -> Path:
+    target = scratch / package
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file is None or not (name == package or name.startswith(package + ".")):
+            continue
+        source = Path(file).resolve()
+        if source.suffix == ".py" and source.is_relative_to(folder):
+            destination = target / source.relative_to(folder)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
+    return target
+
+
+def _drop_failed_model(mlflow: ModuleType, run_id: str) -> None:
+    """Remove the LoggedModel entry a failed attempt left (status FAILED), so the run lists
+    only the model that was saved."""
+    failed = mlflow.last_logged_model()
+    if failed is not None and failed.source_run_id == run_id and failed.status == "FAILED":
+        mlflow.MlflowClient().delete_logged_model(failed.model_id)

@@ -1,0 +1,235 @@
+"""One MLflow run, through MLflow's public client API.
+
+    check_store(uri, timeout_s)                  # before training: reachable? writable?
+    with TrackedRun(uri, "reprotrain", "mlp-adamw-cpu", tags, params) as run:
+        run.log_metric("train/loss", 0.7, step=1)   # buffered, sent with log_batch
+        run.log_artifact(path)
+        run.log_model(model, inputs)                # an MLflow Model under `model`
+    # FINISHED on success, FAILED on an exception (message as a tag), KILLED on Ctrl-C/SIGTERM
+
+A synchronous `log_metric` costs ~10 ms on sqlite. The run's `MetricBuffer` collects points
+and sends them with `MlflowClient.log_batch`, at most 1000 a call: every
+tracking.flush_every_s, every 1000 points, and at the end.
+
+MLflow is imported on the thread that opens the run (~2 s here), not when reprotrain starts:
+that way the import overlaps the first training steps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from reprotrain.tracking.mlflow_model import log_pytorch_model
+from reprotrain.tracking.recorder import (
+    MAX_BATCH,
+    MetricBuffer,
+    Point,
+    describe_error,
+    end_status,
+)
+from reprotrain.tracking.spool import Spool, is_unreachable
+from reprotrain.tracking.store import ensure_experiment, prepare_store
+
+RUN_ID_ENV = "REPROTRAIN_RUN_ID"  # a launcher that created the run hands it to the container
+MAX_PARAMS = 100  # MLflow's limit of params per log_batch call
+MAX_TEXT = 5000  # MLflow's limit of a tag value's length
+MAX_PARAM_TEXT = 6000  # MLflow's limit of a param value's length
+
+
+class TrackedRun:
+    """One MLflow run whose end status always matches how the process ended.
+
+    The run is opened on a background thread started as the first step starts (`start()`,
+    or the first metric): importing MLflow and opening a sqlite store take ~2 s here, and
+    this way they overlap the first steps (torch releases the GIL while it computes) instead
+    of delaying them; the warm-up steps, left out of the timing, absorb most of it. Metrics
+    wait in the buffer until the run is open. `ready()` joins the thread and re-raises
+    anything it hit.
+
+    With a server and `spool_dir`, what the server does not take while it is away goes to a
+    spool file (spool.py) and is sent first once it answers again.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        tags: dict[str, str],
+        params: dict[str, Any],
+        flush_every_s: float = 5.0,
+        resume_run_id: str = "",
+        spool_dir: Path | None = None,
+    ) -> None:
+        if uri.startswith(("http://", "https://")):
+            # MLflow retries a dead server for minutes per call; fail fast and spool instead.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self.uri, self.experiment, self.run_name = uri, experiment, run_name
+        self.tags, self.params, self.flush_every_s = tags, params, flush_every_s
+        self.resume_run_id, self.spool_dir = resume_run_id, spool_dir
+        self.spool: Spool | None = None
+        self.metrics = MetricBuffer(self._send, MAX_BATCH, flush_every_s)
+        self._opener = threading.Thread(target=self._open, name="mlflow-open", daemon=True)
+        self._client: Any = None
+        self._run_id = ""
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> TrackedRun:
+        return self
+
+    def start(self) -> None:
+        """Begin opening the run (on its thread); the loop calls this as the first step starts."""
+        if self._opener.ident is None:
+            self._opener.start()
+
+    def _open(self) -> None:
+        try:
+            from mlflow.entities import Param, RunTag
+            from mlflow.tracking import MlflowClient
+
+            prepare_store(self.uri)
+            client = MlflowClient(self.uri)
+            run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "")
+            if self.resume_run_id:  # a resumed run continues the same MLflow run
+                client.update_run(run_id, status="RUNNING")
+                self.params = {}  # logged when it started; MLflow params cannot change
+            elif not run_id:
+                experiment_id = ensure_experiment(client, self.experiment)
+                run_id = client.create_run(experiment_id, run_name=self.run_name).info.run_id
+            if self.spool_dir is not None and self.uri.startswith(("http://", "https://")):
+                self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
+            tags = [RunTag(k, str(v)[:MAX_TEXT]) for k, v in self.tags.items()]
+            params = [Param(k, _param_text(v)) for k, v in self.params.items()]
+            for i in range(0, max(len(params), 1), MAX_PARAMS):
+                client.log_batch(
+                    run_id, params=params[i : i + MAX_PARAMS], tags=tags if i == 0 else []
+                )
+            self._client, self._run_id = client, run_id
+        except BaseException as error:  # handed to the main thread by ready()
+            self._error = error
+
+    def ready(self) -> None:
+        """Wait until the run is open; raise what opening it hit."""
+        self.start()
+        self._opener.join()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def client(self) -> Any:
+        """The run's MlflowClient (on the run's tracking URI)."""
+        self.ready()
+        return self._client
+
+    @property
+    def run_id(self) -> str:
+        self.ready()
+        return self._run_id
+
+    def log_metric(self, key: str, value: float, step: int) -> None:
+        self.start()
+        self.metrics.add(key, value, step)
+
+    def log_metrics(self, values: dict[str, float], step: int) -> None:
+        for key, value in values.items():
+            self.log_metric(key, value, step)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, str(value)[:MAX_TEXT])
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        try:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        except Exception as error:
+            self._keep_for_later(error, {"artifact": str(Path(path).resolve())})
+
+    def log_model(self, model: Any, input_example: Any, registered_name: str | None = None) -> Any:
+        """Log `model` as this run's MLflow Model under `model` (see mlflow_model.py), with
+        `input_example` (a batch of inputs; a few rows are kept), registered as a new version
+        of `registered_name` if given. Returns MLflow's ModelInfo; None if the tracking
+        server is away (the run's other artifacts are spooled; the model is not)."""
+        try:
+            return log_pytorch_model(
+                self.client.tracking_uri, self.run_id, model, input_example, registered_name
+            )
+        except Exception as error:
+            if self.spool is None or not is_unreachable(error):
+                raise
+            print(
+                f"reprotrain: warning: the MLflow Model of run {self._run_id} was not logged: "
+                f"the tracking server {self.uri} is away",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+
+    def _send(self, points: list[Point]) -> None:
+        from mlflow.entities import Metric
+
+        self.ready()
+        # Chunks of MLflow's limit, each sent or spooled whole: a failure part-way through
+        # one log_batch call of more would leave part stored and all of it spooled.
+        for i in range(0, len(points), MAX_BATCH):
+            chunk = points[i : i + MAX_BATCH]
+            try:
+                if self.spool is not None and self.spool.pending():
+                    self.spool.send(self._client)  # what waited goes first: the order is kept
+                self._client.log_batch(self._run_id, metrics=[Metric(*point) for point in chunk])
+            except Exception as error:
+                self._keep_for_later(error, {"metrics": [list(point) for point in chunk]})
+
+    def _keep_for_later(self, error: Exception, record: dict[str, Any]) -> None:
+        """Spool the record if the server is away; anything else is a real error."""
+        if self.spool is None or not is_unreachable(error):
+            raise error
+        self.spool.append(record)
+        self.spool.warn_once(error)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        self.start()  # a run that failed before its first metric is still recorded
+        self._opener.join()
+        if self._error is not None:
+            if error is None:
+                raise self._error  # the run never opened: nothing to end
+            return  # the error in flight already says what went wrong
+        status = end_status(error)
+        message = describe_error(error)[:MAX_TEXT] if error is not None else ""
+        try:
+            self.metrics.flush()  # every point logged before the end is kept
+        finally:
+            self._end(status, message)
+
+    def _end(self, status: str, message: str) -> None:
+        try:
+            if self.spool is not None and self.spool.pending():
+                self.spool.send(self._client)
+            if message:
+                self._client.set_tag(self._run_id, "error", message)
+            self._client.set_terminated(self._run_id, status)
+        except Exception as failure:
+            self._keep_for_later(failure, {"status": status, "error": message})
+        if self.spool is not None and self.spool.pending():
+            print(
+                f"reprotrain: warning: the tracking server is still away; run {self._run_id} "
+                f"ends {status} once you send the rest with: python -m reprotrain.replay "
+                f"{self.spool.path}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _param_text(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text[:MAX_PARAM_TEXT]

@@ -1,0 +1,329 @@
+"""Bring your own model, data, loss, optimizer and scheduler: every piece is a `_target_`
+config built with Hydra's instantiate (real torch, real sqlite MLflow stores)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    PYTHON,
+    Store,
+    child_env,
+    start_training,
+    train,
+    wait_for_losses,
+)
+from reprotrain.tracking import prepare_store
+from userproject import user_project
+
+
+def losses_of(store: Store, run_id: str) -> list[float]:
+    return [value for _, value in store.losses(run_id)]
+
+
+def test_cnn_on_digit_images_trains(tmp_path: Path, store: Store) -> None:
+    train(tmp_path, store, "model=cnn", "data=digits_images", "train.steps=120", "device=cpu")
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "smallcnn-adamw-cpu"
+    tags = run.data.tags
+    assert tags["model.class"] == "reprotrain.models.cnn.SmallCNN"
+    assert tags["optimizer.class"] == "torch.optim.adamw.AdamW"
+    assert tags["loss.class"] == "torch.nn.modules.loss.CrossEntropyLoss"
+    assert int(tags["model.parameters"]) > 10_000
+    assert run.data.params["model._target_"] == "reprotrain.models.SmallCNN"
+    losses = losses_of(store, run.info.run_id)
+    assert len(losses) == 120
+    assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
+    assert run.data.metrics["val/accuracy"] > 0.8
+    saved = __import__("torch").load(tmp_path / "results" / "model.pt", weights_only=True)
+    assert saved["model"]["input_shape"] == [1, 8, 8] and saved["model"]["num_classes"] == 10
+
+
+def test_user_model_and_data_from_the_project_folder_load_back_through_mlflow(
+    tmp_path: Path, store: Store
+) -> None:
+    """A model and a Dataset in the user's own package, configs on hydra.searchpath; then the
+    logged MLflow Model, loaded in a fresh process, predicts the accuracy the run recorded."""
+    project = user_project(tmp_path)
+    train(
+        project,
+        store,
+        f"hydra.searchpath=[file://{project / 'my_conf'}]",
+        "model=tiny",
+        "data=blobs",
+        "train.steps=60",
+        "train.batch_size=32",
+        "device=cpu",
+    )
+    run = store.only_run()
+    assert run.data.tags["model.class"] == "my_project.models.TinyConvNet"
+    assert run.info.run_name == "tinyconvnet-adamw-cpu"
+    recorded = run.data.metrics["val/accuracy"]
+    assert recorded > 0.9
+    check = textwrap.dedent(
+        f"""
+        import mlflow.pytorch, torch
+        from my_project.data import blobs
+        mlflow.set_tracking_uri({store.uri!r})
+        model = mlflow.pytorch.load_model("runs:/{run.info.run_id}/model")
+        val = blobs()["val"]
+        x = torch.stack([val[i][0] for i in range(len(val))])
+        y = torch.tensor([val[i][1] for i in range(len(val))])
+        with torch.no_grad():
+            print((model(x).argmax(1) == y).float().mean().item())
+        """
+    )
+    result = subprocess.run(
+        [PYTHON, "-c", check], cwd=project, env=child_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(result.stdout.strip().splitlines()[-1]) == pytest.approx(recorded, abs=1e-6)
+
+
+def test_config_dir_of_the_user(tmp_path: Path, store: Store) -> None:
+    """--config-dir: the user's folder is searched first; reprotrain's conf/ supplies the rest."""
+    project = user_project(tmp_path)
+    train(
+        project,
+        store,
+        "--config-dir",
+        str(project / "my_conf"),
+        "model=tiny",
+        "data=blobs",
+        "train.steps=20",
+        "device=cpu",
+    )
+    assert store.only_run().data.tags["model.class"] == "my_project.models.TinyConvNet"
+
+
+def test_optimizer_and_scheduler_from_yaml_log_the_learning_rate(
+    tmp_path: Path, store: Store
+) -> None:
+    train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "optimizer=rmsprop",
+        "scheduler=cosine",
+        "train.steps=40",
+        "device=cpu",
+    )
+    run = store.only_run()
+    assert run.data.tags["optimizer.class"] == "torch.optim.rmsprop.RMSprop"
+    assert run.data.tags["scheduler.class"] == "torch.optim.lr_scheduler.CosineAnnealingLR"
+    lrs = sorted(
+        (m.step, m.value) for m in store.client.get_metric_history(run.info.run_id, "train/lr")
+    )
+    assert [step for step, _ in lrs] == list(range(5, 41, 5))
+    values = [value for _, value in lrs]
+    assert values == sorted(values, reverse=True) and values[-1] < 1e-6  # cosine to eta_min
+
+
+def test_streamed_batches_equal_resident_batches(tmp_path: Path) -> None:
+    """DataLoader (with worker processes) or the whole split on the device: same batches,
+    same losses, bit for bit on a CPU."""
+    results = {}
+    for name, overrides in {
+        "resident": ["train.resident_data=true"],
+        "streamed": ["train.resident_data=false"],
+        "workers": ["train.num_workers=2", "train.persistent_workers=true"],
+    }.items():
+        store = Store(tmp_path / name)
+        store.path.parent.mkdir()
+        train(
+            tmp_path / name,
+            store,
+            "model=cnn",
+            "data=digits_images",
+            "train.steps=60",
+            "device=cpu",
+            *overrides,
+        )
+        results[name] = losses_of(store, store.only_run().info.run_id)
+    assert results["resident"] == results["streamed"] == results["workers"]
+
+
+def test_cnn_with_scheduler_resumes_bit_for_bit_and_reproduces(tmp_path: Path) -> None:
+    settings = ["model=cnn", "data=digits_images", "scheduler=cosine", "train.steps=200"]
+    settings += ["device=cpu", "train.checkpoint_every=20", "tracking.flush_every_s=0.1"]
+    whole = Store(tmp_path / "whole")
+    whole.path.parent.mkdir()
+    train(tmp_path / "whole", whole, *settings)
+    expected = losses_of(whole, whole.only_run().info.run_id)
+
+    store = Store(tmp_path / "stopped")
+    store.path.parent.mkdir()
+    prepare_store(store.uri)  # created once, before this test and the child both open it
+    proc = start_training(tmp_path / "stopped", store.uri, *settings)
+    wait_for_losses(store, 40, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert store.only_run().info.status == "KILLED"
+    train(tmp_path / "stopped", store, *settings, "train.resume=last")
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    assert losses_of(store, run.info.run_id) == expected
+
+    reproduced = subprocess.run(
+        [PYTHON, "-m", "reprotrain.reproduce", whole.only_run().info.run_id],
+        cwd=tmp_path / "whole",
+        env=child_env(MLFLOW_TRACKING_URI=whole.uri),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert reproduced.returncode == 0, reproduced.stderr[-3000:]
+    assert "losses match bit for bit (200 steps)" in reproduced.stdout
+
+
+def test_model_is_registered_under_a_name(tmp_path: Path, store: Store) -> None:
+    train(tmp_path, store, "experiment=smoke", "device=cpu", "tracking.register_as=digits-mlp")
+    versions = store.client.search_model_versions("name='digits-mlp'")
+    assert [int(v.version) for v in versions] == [1]
+    assert versions[0].run_id == store.only_run().info.run_id
+
+
+def test_evaluate_rebuilds_any_model_from_model_pt(tmp_path: Path, store: Store) -> None:
+    prepared = tmp_path / "dataset.npz"
+    subprocess.run(
+        [
+            PYTHON,
+            "-c",
+            "from reprotrain.data import digits, write_npz; from pathlib import Path; "
+            f"write_npz(digits(images=True), Path({str(prepared)!r}))",
+        ],
+        check=True,
+        env=child_env(),
+    )
+    train(
+        tmp_path,
+        store,
+        "model=cnn",
+        "data=digits_images",
+        f"data.file={prepared}",
+        "train.steps=60",
+    )
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "reprotrain.evaluate",
+            "--model",
+            str(tmp_path / "results" / "model.pt"),
+            "--data",
+            str(prepared),
+            "--train-metrics",
+            str(tmp_path / "results" / "metrics.json"),
+            "--out-dir",
+            str(tmp_path / "eval"),
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluated = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    recorded = json.loads((tmp_path / "results" / "metrics.json").read_text())
+    assert evaluated["val_accuracy"] == pytest.approx(recorded["val_accuracy"], abs=1e-9)
+    assert store.only_run().data.metrics["eval/accuracy"] == pytest.approx(recorded["val_accuracy"])
+
+
+BAD = {
+    # overrides: a substring the one-line message must contain
+    "target that does not import": (
+        ["model._target_=my_project.nosuch.Net"],
+        "model._target_='my_project.nosuch.Net' cannot be imported",
+    ),
+    "model target that is not a module": (
+        ["model._target_=torch.optim.SGD"],
+        "is a torch.optim.sgd.SGD, not a torch.nn.modules.module.Module",
+    ),
+    "optimizer target that is not an optimizer": (
+        ["optimizer._target_=torch.nn.Linear"],
+        "not a torch.optim.optimizer.Optimizer",
+    ),
+    "output does not fit the loss": (
+        ["+model.num_classes=3"],
+        "the model outputs 3 values per sample but the data has 10 classes",
+    ),
+    "data target returning something else": (
+        [
+            "data._target_=my_project.data.not_splits",
+            "~data.num_samples",
+            "~data.num_features",
+            "~data.num_classes",
+            "~data.noise",
+            "~data.val_fraction",
+            "~data.seed",
+        ],
+        "returned a int, not train and validation data",
+    ),
+    "train and validation shapes differ": (
+        [
+            "data._target_=my_project.data.mismatched",
+            "~data.num_samples",
+            "~data.num_features",
+            "~data.num_classes",
+            "~data.noise",
+            "~data.val_fraction",
+            "~data.seed",
+        ],
+        "train samples are 1x6x6 -> a scalar but validation samples 1x5x5",
+    ),
+    "scheduler with no optimizer to wrap": (
+        ["+scheduler._target_=torch.optim.lr_scheduler.StepLR", "+scheduler.step_size=1"],
+        "scheduler._partial_=None: reprotrain passes the optimizer",
+    ),
+    "key the scheduler does not take": (
+        ["scheduler=cosine", "+scheduler.foo=bar"],
+        "scheduler.foo='bar' is not a parameter of torch.optim.lr_scheduler.CosineAnnealingLR",
+    ),
+    "unknown top-level key": (["+unknown=1"], "unknown=1 is not a config section or key"),
+    "model name that is not a parameter": (
+        ["model.name=cnn"],
+        "'model.name' is not a config key",
+    ),
+    "added model key the model does not take": (
+        ["+model.name=cnn"],
+        "model.name='cnn' is not a parameter of reprotrain.models.MLP",
+    ),
+    "model size out of range": (["model.hidden_size=0"], "hidden_size=0 must be an integer >= 1"),
+    "negative seed": (["train.seed=-5"], "train.seed=-5 is out of range"),
+    "seed beyond 32 bits": ([f"train.seed={2**32}"], "train.seed=4294967296 is out of range"),
+}
+
+
+@pytest.mark.parametrize("overrides,expected", BAD.values(), ids=BAD.keys())
+def test_bad_pieces_are_one_clear_line(tmp_path: Path, store: Store, overrides, expected) -> None:
+    project = user_project(tmp_path)
+    result = train(project, store, "experiment=smoke", *overrides, check=False, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("reprotrain: error:")]
+    assert len(errors) == 1 and expected in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not store.path.exists() or "RUNNING" not in store.statuses()
+
+
+def test_checkpoint_of_another_model_class_is_refused_on_resume(
+    tmp_path: Path, store: Store
+) -> None:
+    proc = start_training(tmp_path, store.uri, "train.steps=3000", "device=cpu")
+    wait_for_losses(store, 50, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    result = train(
+        tmp_path, store, "model=cnn", "data=digits_images", "train.resume=last", check=False
+    )
+    assert result.returncode == 2
+    assert "model reprotrain.models.mlp.MLP" in result.stderr
+    assert "this config reprotrain.models.SmallCNN" in result.stderr
+    assert "Traceback" not in result.stderr
