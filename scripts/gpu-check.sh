@@ -60,7 +60,7 @@ import mlflow.pytorch, torch
 from reprotrain.data import digits
 m = json.load(open(f"{sys.argv[2]}/cnn/metrics.json"))
 mlflow.set_tracking_uri(sys.argv[1])
-model = mlflow.pytorch.load_model(f"runs:/{m['run_id']}/model", map_location="cpu")
+model = mlflow.pytorch.load_model(f"runs:/{m['run_id']}/model")  # logged from a CPU copy
 x, y = digits(images=True).val.tensors
 with torch.no_grad():
     accuracy = (model(x).argmax(1) == y).float().mean().item()

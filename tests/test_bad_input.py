@@ -163,6 +163,7 @@ def test_broken_data_file_is_a_clear_error(tmp_path: Path, store: Store, damage:
         "y_train": rng.integers(0, 10, 64),
         "x_val": rng.standard_normal((16, 784), dtype=np.float32),
         "y_val": rng.integers(0, 10, 16),
+        "num_classes": np.array(10),  # as `python -m reprotrain.prepare` writes it
     }
     if damage == "nan":
         arrays["x_train"][3, 5] = np.nan

@@ -4,6 +4,8 @@ config built with Hydra's instantiate (real torch, real sqlite MLflow stores).""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import signal
 import subprocess
 import textwrap
@@ -13,8 +15,11 @@ import pytest
 
 from conftest import (
     PYTHON,
+    ROOT,
     Store,
     child_env,
+    make_project,
+    run_app,
     start_training,
     train,
     wait_for_losses,
@@ -316,6 +321,7 @@ def test_bad_pieces_are_one_clear_line(tmp_path: Path, store: Store, overrides, 
 def test_checkpoint_of_another_model_class_is_refused_on_resume(
     tmp_path: Path, store: Store
 ) -> None:
+    prepare_store(store.uri)
     proc = start_training(tmp_path, store.uri, "train.steps=3000", "device=cpu")
     wait_for_losses(store, 50, proc)
     proc.send_signal(signal.SIGTERM)
@@ -327,3 +333,44 @@ def test_checkpoint_of_another_model_class_is_refused_on_resume(
     assert "model reprotrain.models.mlp.MLP" in result.stderr
     assert "this config reprotrain.models.SmallCNN" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def readme_block(language: str, first_line: str) -> str:
+    """The README's code block in `language` whose first line is `first_line`."""
+    readme = (ROOT / "README.md").read_text()
+    for block in re.findall(rf"```{language}\n(.*?)```", readme, flags=re.S):
+        if block.splitlines()[0].strip() == first_line:
+            return block
+    raise AssertionError(f"no ```{language} block starting {first_line!r} in the README")
+
+
+def test_readme_bring_your_own_model_example(tmp_path: Path) -> None:
+    """The README's worked example, as written: its model file and YAML in a project, then its
+    commands (the project's default runtime set to local, as on a machine without Docker)."""
+    repo = make_project(tmp_path / "project", runtime="local")
+    (repo / "my_project").mkdir()
+    (repo / "my_project" / "__init__.py").write_text("")
+    (repo / "my_project" / "models.py").write_text(readme_block("python", "# my_project/models.py"))
+    (repo / "conf" / "model" / "tiny.yaml").write_text(
+        readme_block("yaml", "# conf/model/tiny.yaml")
+    )
+    store = Store(repo)
+    prepare_store(store.uri)
+    for command in (
+        "python -m reprotrain.train model=tiny data=digits_images",
+        "python -m reprotrain.train optimizer._target_=torch.optim.NAdam ~optimizer.fused",
+        "python -m reprotrain.train loss.label_smoothing=0.1",
+    ):
+        result = run_app(repo, *shlex.split(command)[3:], timeout=600)
+        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+    runs = {r.data.tags["model.class"]: r for r in store.runs()}
+    tiny = runs["my_project.models.TinyConvNet"]
+    assert tiny.info.run_name == "tinyconvnet-adamw-cpu" and tiny.info.status == "FINISHED"
+    classes = sorted(r.data.tags["optimizer.class"] for r in store.runs())
+    assert classes == [
+        "torch.optim.adamw.AdamW",
+        "torch.optim.adamw.AdamW",
+        "torch.optim.nadam.NAdam",
+    ]
+    smoothed = [r for r in store.runs() if r.data.params.get("loss.label_smoothing") == "0.1"]
+    assert len(smoothed) == 1

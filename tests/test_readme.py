@@ -58,6 +58,14 @@ COVERED = {
     "python -m reprotrain.train train.resume=last": "test_reliability::test_stopped_run_resumes_to_the_same_losses_bit_for_bit",
     "python -m reprotrain.reproduce <run id>": "test_reliability::test_reproduce_reruns_a_past_run_and_reports_a_match",
     "python -m reprotrain.replay <spool file>": "test_reliability::test_server_still_away_at_the_end_then_replay",
+    "python -m reprotrain.train model=cnn data=digits_images": "test_byo::test_cnn_on_digit_images_trains",
+    "python -m reprotrain.train model=tiny data=digits_images": "test_byo::test_readme_bring_your_own_model_example",
+    "python -m reprotrain.train optimizer=rmsprop scheduler=cosine": "test_byo::test_optimizer_and_scheduler_from_yaml_log_the_learning_rate",
+    "python -m reprotrain.train optimizer._target_=torch.optim.NAdam ~optimizer.fused": "test_byo::test_readme_bring_your_own_model_example",
+    "python -m reprotrain.train loss.label_smoothing=0.1": "test_byo::test_readme_bring_your_own_model_example",
+    "python -m reprotrain.train +model.name=cnn": "test_byo::test_bad_pieces_are_one_clear_line",
+    "python -m reprotrain.train --multirun hydra/sweeper=optuna 'optimizer.lr=interval(1e-4,1e-1)'": "test_sweeps (the same study, 4 trials)",
+    "python -m reprotrain.train --multirun hydra/launcher=joblib optimizer=adamw,sgd": "test_sweeps (joblib launcher)",
 }
 
 

@@ -12,7 +12,6 @@ return the objective a sweeper optimises. `python -m reprotrain.train` runs `mai
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -23,7 +22,7 @@ from omegaconf import DictConfig
 
 from reprotrain import overrides
 from reprotrain.errors import ConfigError, UserError, report_and_exit
-from reprotrain.project import PACKAGE_ROOT, conf_digest, find_root
+from reprotrain.project import PACKAGE_ROOT, conf_digest, put_project_on_path
 from reprotrain.results import objective
 from reprotrain.runtime import launch
 from reprotrain.schema import Config, validate
@@ -79,17 +78,6 @@ def main() -> None:
         stopped(signal.SIGINT)
     except Interrupted as stop:
         stopped(stop.signum)
-
-
-def put_project_on_path() -> None:
-    """Your own `_target_`s import from the project folder (a package there), here and in
-    the processes a sweep's launcher starts."""
-    root = str(find_root())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if root not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, paths)])
 
 
 def stopped(signum: int) -> None:

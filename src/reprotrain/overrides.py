@@ -9,7 +9,8 @@ search space a config file sets under `hydra.sweeper.params` (`experiment=crosso
 does). Every job that can be listed (`a=1,2`, `choice(...)`, `range(...)`, `glob(...)`
 over a group's options, with `tag`, `sort` and `shuffle` around them) is composed and
 validated; a continuous `interval(a,b)` (Optuna samples it) is validated at both ends.
-Overrides of `hydra.*` and `hydra/...` are Hydra's own to check.
+Overrides of `hydra.*` and `hydra/...` are Hydra's own to check, except an Optuna
+`hydra.sweeper.storage`: optuna 2.10 cannot open a database with SQLAlchemy 2.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import ConfigError
-from reprotrain.project import find_root, register_resolvers
+from reprotrain.project import PACKAGE_ROOT, register_resolvers
 from reprotrain.schema import validate
 
 # Hydra flags that print something and exit: nothing to check.
@@ -275,7 +276,7 @@ def _configs(flags: dict[str, str], hydra_overrides: list[Override]) -> Iterator
     `hydra.searchpath=[...]` override added to the search path as Hydra adds them."""
     config_name = flags.get("--config-name") or flags.get("-cn") or "config"
     config_path = flags.get("--config-path") or flags.get("-cp")
-    primary = find_root() / "conf"
+    primary = PACKAGE_ROOT / "conf"  # the folder cli.py's @hydra.main names
     if config_path:  # relative to the module holding @hydra.main, as Hydra reads it
         primary = Path(__file__).resolve().parent / config_path
     primary = primary.resolve()

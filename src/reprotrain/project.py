@@ -9,9 +9,12 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from reprotrain.schema import validate
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/reprotrain/ -> the checkout
 
@@ -53,6 +56,17 @@ def conf_digest(conf_dir: Path | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
+def put_project_on_path() -> None:
+    """Your own `_target_`s import from the project folder (a package there): in this process,
+    in the processes a sweep's launcher starts, and in DVC's composition of params.yaml."""
+    root = str(find_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, paths)])
+
+
 def register_resolvers() -> None:
     """`${reprotrain.conf_digest:}` in conf/config.yaml; also loaded by DVC via hydra_plugins."""
     OmegaConf.register_new_resolver("reprotrain.conf_digest", _checked_conf_digest, replace=True)
@@ -65,8 +79,7 @@ def _checked_conf_digest(*, _root_: DictConfig) -> str:
     (`-S optimizer.lr=-1`) stops the composition with reprotrain's one-line message,
     before params.yaml is written and before any stage runs.
     """
-    from reprotrain.schema import validate
-
+    put_project_on_path()
     tree = OmegaConf.to_container(_root_, resolve=False)
     tree.pop("conf_digest", None)
     tree.pop("hydra", None)

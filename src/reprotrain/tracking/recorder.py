@@ -77,7 +77,7 @@ class MetricBuffer:
         self.sent = 0
 
     def add(self, key: str, value: float, step: int) -> None:
-        self.points.insert(0, (key, float(value), int(time.time() * 1000), int(step)))
+        self.points.append((key, float(value), int(time.time() * 1000), int(step)))
         if (
             len(self.points) >= self.max_points
             or time.monotonic() - self.last_flush > self.max_age_s
