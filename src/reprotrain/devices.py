@@ -168,7 +168,7 @@ def _cgroup_cpu_quota() -> float | None:
         return None
 
 
-def set_threads(threads: str) -> None:
+def set_threads(threads: str | int) -> None:
     """torch sizes its pool from the host's cores, not a container's CPU quota: use the CPUs
     this process may use (train.threads=auto), or the number given."""
     torch.set_num_threads(available_cpus() if threads == "auto" else int(threads))

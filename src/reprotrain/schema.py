@@ -78,7 +78,7 @@ class TrainConfig(Section):
     num_workers: NonNegativeInt = 0  # DataLoader worker processes (streamed data only)
     pin_memory: bool = True  # page-locked host batches for faster copies to a GPU
     persistent_workers: bool = False  # keep DataLoader workers between epochs
-    threads: str = "auto"  # auto or a positive integer
+    threads: Literal["auto"] | PositiveInt = "auto"  # auto: the CPUs this process may use
     checkpoint_every: NonNegativeInt = 100  # steps between checkpoints (0: only when stopped)
     resume: str | None = None  # an MLflow run id, or "last", to continue from its checkpoint
     nonfinite: Literal["stop", "warn"] = "stop"  # a NaN/inf loss: stop (FAILED) or log and go on
@@ -88,13 +88,6 @@ class TrainConfig(Section):
     cuda_graphs: bool = False  # capture the whole step once, replay it every step (CUDA)
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: forward and loss under bf16 autocast
     tf32: bool = False  # TF32 tensor-core matmuls (CUDA, Ampere and newer)
-
-    @field_validator("threads")
-    @classmethod
-    def _threads(cls, value: str) -> str:
-        if value != "auto" and not (value.isdigit() and int(value) >= 1):
-            raise ValueError("allowed: auto or an integer >= 1")
-        return value
 
     @field_validator("resume")
     @classmethod
@@ -345,7 +338,7 @@ def _target_node(name: str, node: Any) -> dict[str, Any]:
 
 def _one_line(section: str, error: ValidationError, node: dict[str, Any]) -> ConfigError:
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"] if not isinstance(part, int)) or "?"
+    key = str(first["loc"][0]) if first["loc"] else "?"  # the field, not the union member
     full = f"{section}.{key}"
     given = node.get(str(first["loc"][0]), first.get("input")) if first["loc"] else node
     if first["type"] == "extra_forbidden":
@@ -358,6 +351,8 @@ def _one_line(section: str, error: ValidationError, node: dict[str, Any]) -> Con
     allowed = _allowed_text(first)
     if key == "betas":
         allowed = "two numbers in [0, 1), e.g. [0.9,0.999]"
+    elif key in ("threads", "resident_data"):
+        allowed = "auto or an integer >= 1" if key == "threads" else "auto, true or false"
     if first["type"].split("_")[0] in ("int", "float", "bool", "string") and not first[
         "type"
     ].startswith("string_pattern"):
