@@ -43,7 +43,10 @@ CASES = {
     "unparsable override": (["train.steps=["], "cannot parse the override"),
     "bad betas": (["optimizer.betas=[0.9]"], "optimizer.betas=[0.9] is out of range"),
     # in_features follows the data; a value given by hand that the data does not have
-    "features mismatch": (["data=digits", "+model.in_features=784"], "model.in_features=784"),
+    "features mismatch": (
+        ["data=digits", "+model.in_features=784"],
+        "the model MLP cannot take the data's inputs (a batch of 2x64",
+    ),
     "num_features for digits": (
         ["data=digits", "data.num_features=784"],
         "'data.num_features' is not a config key",

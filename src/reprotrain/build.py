@@ -165,6 +165,16 @@ def check_fit(model: nn.Module, loss_fn: Any, splits: Splits, device: torch.devi
     try:
         with torch.no_grad():
             outputs = model(inputs.to(device))
+    except (RuntimeError, ValueError, IndexError, TypeError) as error:
+        model.train(was_training)
+        raise ConfigError(
+            f"the model {type(model).__name__} cannot take the data's inputs (a batch of "
+            f"{'x'.join(map(str, inputs.shape))}: {str(error).splitlines()[0]})",
+            hint="leave the model's input size out of its YAML (in_features / input_shape "
+            "follow the data), or pick data whose samples the model takes",
+        ) from None
+    try:
+        with torch.no_grad():
             check_classes(outputs, targets, splits.num_classes)
             loss = loss_fn(outputs, targets.to(device))
     except (RuntimeError, ValueError, IndexError, TypeError) as error:
