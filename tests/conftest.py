@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,15 @@ class Store:
 
     def statuses(self) -> list[str]:
         return [r.info.status for r in self.runs()]
+
+
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """What a test (or a library it calls in-process) sets in os.environ ends with the test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import statistics
 import subprocess
@@ -261,7 +262,9 @@ def test_lightning_gives_the_course_loop_losses(dataset, tmp_path: Path) -> None
     """d starts from a's weights and walks a's batches with the same (default) AdamW."""
     pytest.importorskip("lightning", reason="the `bench` extra (lightning) is not installed")
     uri = f"sqlite:///{tmp_path / 'lightning.db'}"
+    uri_before = os.environ.get("MLFLOW_TRACKING_URI")
     entry, lightning = lightning_or_reason(CPU, dataset, 64, STEPS, WARMUP, uri, tmp_path)
+    assert os.environ.get("MLFLOW_TRACKING_URI") == uri_before  # MLFlowLogger's, put back
     _, course = course_loop(CPU, dataset, 64, STEPS, WARMUP)
     assert entry["measured_steps"] == STEPS - WARMUP and len(lightning) == STEPS
     assert lightning[0] == course[0]  # same weights, same first batch

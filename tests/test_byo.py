@@ -358,7 +358,7 @@ def test_readme_bring_your_own_model_example(tmp_path: Path) -> None:
     prepare_store(store.uri)
     for command in (
         "python -m reprotrain.train model=tiny data=digits_images",
-        "python -m reprotrain.train optimizer._target_=torch.optim.NAdam ~optimizer.fused",
+        "python -m reprotrain.train optimizer._target_=torch.optim.NAdam",
         "python -m reprotrain.train loss.label_smoothing=0.1",
     ):
         result = run_app(repo, *shlex.split(command)[3:], timeout=600)

@@ -116,7 +116,7 @@ def test_container_mounts_project_at_same_path_and_runs_as_host_user():
     assert value_after(cmd, "--user") == [f"{os.getuid()}:{os.getgid()}"]
     env = value_after(cmd, "-e")
     assert "HOME=/tmp" in env
-    assert f"PYTHONPATH={ROOT}/src" in env
+    assert f"PYTHONPATH={ROOT}/src:{ROOT}" in env  # a package in the project imports there too
     assert "REPROTRAIN_IMAGE_ID=sha256:feed" in env
     assert cmd[-3:] == [FAKE_IMAGE.tag, "python", "-V"]
 

@@ -77,6 +77,7 @@ def as_user(
         user.pw_name,
         "--",
         "env",
+        "-i",  # runuser keeps the caller's environment: pass exactly `env`, nothing inherited
         *[f"{k}={v}" for k, v in env.items()],
         *args,
     ]

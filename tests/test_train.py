@@ -228,7 +228,7 @@ def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -
     checkpoints = list((tmp_path / "outputs" / "checkpoints").iterdir())
     assert [p.name for p in checkpoints] == [f"{run_id}.pt"]
     state = torch.load(checkpoints[0], weights_only=True)
-    assert state["format"] == 2 and state["step"] == SMOKE_STEPS
+    assert state["format"] == 3 and state["step"] == SMOKE_STEPS
     assert state["model_class"] == "reprotrain.models.mlp.MLP" and state["scheduler"] is None
 
 

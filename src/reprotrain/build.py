@@ -27,7 +27,7 @@ from torch import nn
 
 from reprotrain.data import Splits, as_splits, read_npz, sample_of
 from reprotrain.errors import ConfigError
-from reprotrain.schema import Config, target_kwargs
+from reprotrain.schema import Config, drop_auto_fused, target_kwargs
 
 
 @dataclass
@@ -121,6 +121,7 @@ def build_optimizer(
     math; on a small CPU step the per-tensor loop costs more than forward and backward).
     `capturable`: the step count stays on the device, as CUDA graph capture needs."""
     extra: dict[str, Any] = {}
+    node = drop_auto_fused(node)
     if "fused" in node and node["fused"] is None:
         extra["fused"] = True if device.type in ("cuda", "cpu", "mps") else None
     if capturable:

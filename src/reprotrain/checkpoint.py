@@ -5,8 +5,14 @@
 
 A checkpoint holds the model, optimizer and scheduler state, the step, torch's RNG state and
 the losses so far; the batch order is re-derived from the seed, so on CPU the continued losses equal an
-uninterrupted run's bit for bit. It is written every `train.checkpoint_every` steps and when
-the run is stopped (Ctrl-C, SIGTERM, docker stop), always atomically.
+uninterrupted run's bit for bit. It is written every `train.checkpoint_every` steps, when
+the run is stopped (Ctrl-C, SIGTERM, docker stop) and after the last step, always atomically.
+
+It also keeps what the MLflow run had not been sent yet (`unsent` metric points, the losses
+of a `tracking.loss_every` window not logged yet), so a resume after `kill -9` makes the
+record whole; and the last step's checkpoint keeps the run's timings (`timings`), so a run
+killed during its final phase (outputs, artifacts, the MLflow Model) is finished by
+`train.resume` without training again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from reprotrain.errors import ConfigError, DataError
 from reprotrain.outputs import write_atomic
 from reprotrain.schema import Config, as_dict
 
-FORMAT = 2  # 2: scheduler state and model class added
+FORMAT = 3  # 2: scheduler state and model class; 3: unsent points, loss window, timings
 
 
 def checkpoint_path(folder: str | Path, run_id: str) -> Path:
@@ -53,7 +59,11 @@ def save_checkpoint(
     losses: list[float],
     run_id: str,
     fingerprint: str,
+    unsent: list[tuple[str, float, int, int]] | None = None,
+    window: list[float] | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Path:
+    """`timings` marks the checkpoint of the last step, written before the final phase."""
     state = {
         "format": FORMAT,
         "step": step,
@@ -66,8 +76,11 @@ def save_checkpoint(
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "losses": losses,
+        "unsent": [list(point) for point in unsent or []],
+        "window": list(window or []),
+        "timings": timings,
     }
-    return write_atomic(path, lambda handle: torch.save(state, handle))
+    return write_atomic(path, lambda handle: torch.save(state, handle), "train.checkpoint_dir")
 
 
 def find_checkpoint(checkpoint_dir: str | Path, resume: str) -> Path:
@@ -128,10 +141,19 @@ def load_resume_point(config: Config) -> dict[str, Any] | None:
         return None
     path = find_checkpoint(config.train.checkpoint_dir, config.train.resume)
     state = load_checkpoint(path, fingerprint(config), config.model.get("_target_", ""))
-    if config.train.steps is not None and state["step"] >= config.train.steps:
+    if config.train.steps is not None and state["step"] > config.train.steps:
         raise ConfigError(
             f"train.resume={config.train.resume!r}: the checkpoint is at step {state['step']}, "
-            f"which already reaches train.steps={config.train.steps}",
-            hint=f"raise train.steps above {state['step']} to train further",
+            f"past train.steps={config.train.steps}",
+            hint=f"set train.steps to {state['step']} or more",
         )
     return state
+
+
+def already_finished(config: Config, state: dict[str, Any], status: str | None) -> ConfigError:
+    """The error for resuming a run that has nothing left to do."""
+    return ConfigError(
+        f"train.resume={config.train.resume!r}: run {state['run_id']} is {status} and its "
+        f"checkpoint is at step {state['step']}, which already reaches the steps asked for",
+        hint=f"raise train.steps above {state['step']} to train further",
+    )

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from reprotrain import overrides
 from reprotrain.errors import ConfigError, UserError, report_and_exit
-from reprotrain.project import PACKAGE_ROOT, conf_digest, put_project_on_path
+from reprotrain.project import conf_digest, conf_folder, put_project_on_path
 from reprotrain.results import objective
 from reprotrain.runtime import launch
 from reprotrain.schema import Config, validate
@@ -32,7 +32,7 @@ from reprotrain.stopping import Interrupted
 NOT_IN_NAMES = ("tracking.", "runtime", "train.output_dir", "train.progress", "hydra")
 
 
-@hydra.main(config_path=str(PACKAGE_ROOT / "conf"), config_name="config", version_base="1.3")
+@hydra.main(config_path=str(conf_folder()), config_name="config", version_base="1.3")
 def hydra_app(cfg: DictConfig) -> float | None:
     try:
         config = validate(cfg)

@@ -46,7 +46,11 @@ class RuntimeEnvError(UserError):
     """The container runtime (Docker engine, NVIDIA toolkit, image build) is not usable."""
 
 
-class DiskFullError(UserError):
+class OutputError(UserError):
+    """An output (result file, checkpoint, prepared data) cannot be written there."""
+
+
+class DiskFullError(OutputError):
     """The file system an output goes to has no room left (ENOSPC / EDQUOT)."""
 
 

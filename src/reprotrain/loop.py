@@ -31,6 +31,15 @@ from reprotrain.step import move_batch_to_device
 from reprotrain.stopping import GracefulStop
 from reprotrain.timing import PHASES, PhaseClock, TimingSummary
 
+# The figures fit() measures (Fitted.timings), as a last step's checkpoint keeps them.
+TIMING_KEYS = (
+    "samples_per_s",
+    "step_ms_median",
+    "tracking_s",
+    "checkpoint_s",
+    *(f"{phase}_ms_mean" for phase in PHASES),
+)
+
 
 @dataclass
 class Fitted:
@@ -57,19 +66,22 @@ def fit(
     total: int,
     start: int = 0,
     losses: list[float] | None = None,
-    save: Callable[[int, list[float]], None] | None = None,
+    save: Callable[[int, list[float], list[float]], None] | None = None,
     stop: GracefulStop | None = None,
     loss_every: int = 1,
+    window_values: list[float] | None = None,
 ) -> Fitted:
-    """Train from step `start` (a resumed run: `losses` holds the earlier steps') to `total`.
-    `save(step, losses)` writes a checkpoint; `recorder` gets `train/loss` (each step, or
-    the mean of every `loss_every` steps), `train/lr` with a scheduler, `time/step_ms`."""
+    """Train from step `start` (a resumed run: `losses` holds the earlier steps', and
+    `window_values` those of a `loss_every` window not yet logged) to `total`.
+    `save(step, losses, window_values)` writes a checkpoint; `recorder` gets `train/loss`
+    (each step, or the mean of every `loss_every` steps), `train/lr` with a scheduler,
+    `time/step_ms`."""
     step_fn = fastpaths.step_function(train, device, model, loss_fn, optimizer)
     losses = list(losses or [])
     steps = list(range(1, start + 1))
     warmup_end = start + train.warmup_steps
     clock, summary = PhaseClock(device), TimingSummary(warmup_end)
-    window = LossWindow(recorder, loss_every, total)
+    window = LossWindow(recorder, loss_every, total, window_values)
     progress = Progress(total, train.progress)
     stop = stop or GracefulStop()
     pending: list[torch.Tensor] = []
@@ -110,7 +122,7 @@ def fit(
     def checkpoint(step: int) -> None:
         began = time.perf_counter()
         if save is not None:
-            save(step, losses)
+            save(step, losses, window.values)
         bookkeeping_s["checkpoint"] += time.perf_counter() - began
 
     step = start
@@ -132,7 +144,9 @@ def fit(
                 bookkeeping_s = dict.fromkeys(bookkeeping_s, 0.0)
             if step % train.log_every == 0 or step == total:
                 record_window(step)
-                if train.checkpoint_every and step - saved_at >= train.checkpoint_every:
+                # The last step's checkpoint is written after the loop, with the timings.
+                due = train.checkpoint_every and step - saved_at >= train.checkpoint_every
+                if due and step < total:
                     checkpoint(step)
                     saved_at = step
             if stop.requested is not None:  # a signal arrived: stop at this step boundary
@@ -164,9 +178,11 @@ class LossWindow:
     """`train/loss` points: every step (loss_every=1), or the mean of each `loss_every` steps,
     logged at the window's last step. loss.csv keeps every step either way."""
 
-    def __init__(self, recorder: Any, loss_every: int, total: int) -> None:
+    def __init__(
+        self, recorder: Any, loss_every: int, total: int, values: list[float] | None = None
+    ) -> None:
         self.recorder, self.every, self.total = recorder, loss_every, total
-        self.values: list[float] = []
+        self.values: list[float] = list(values or [])  # a resumed run's unlogged window
 
     def add(self, first: int, values: list[float]) -> None:
         for step, value in enumerate(values, start=first):

@@ -5,9 +5,12 @@
     model.pt      the model's state_dict and the config that rebuilds it
     loss.png      the loss curve; config.yaml the resolved config
 
-Every file is written to a temporary name and renamed, so an interrupted run never
-leaves a half-written file that DVC would cache as good. A full disk is one error line
-naming the file (`DiskFullError`), and the temporary file is removed.
+Every file is written to a temporary name in the same folder, flushed to disk (fsync) and
+renamed, so an interrupted run never leaves a half-written file that DVC would cache as
+good. A kill during a write can leave the temporary file (`.<name>.<owner>.<random>.tmp`);
+the next run that checks the folder removes those whose writing process is gone. A full disk is one error line
+naming the file and the setting that moves it (`DiskFullError`); so is a folder that cannot
+be written (`OutputError`); the temporary file is removed.
 """
 
 from __future__ import annotations
@@ -17,38 +20,97 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
 import torch
 
-from reprotrain.errors import DiskFullError
+from reprotrain.errors import DiskFullError, OutputError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota on it
+TEMP_SUFFIX = ".tmp"
+TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?P<ns>\d+)-(?P<pid>\d+)\.[^.]+\.tmp")
 
 
-def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
-    """Write through a temporary file in the same folder, then rename it into place."""
+def write_atomic(
+    path: Path, write: Callable[[IO[bytes]], None], setting: str = "train.output_dir"
+) -> Path:
+    """Write through a temporary file in the same folder, then rename it into place.
+    `setting` is the config key that chooses the folder, named in the error line."""
     tmp = ""
     handle: _WriteErrors | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.{_owner()}.", suffix=TEMP_SUFFIX
+        )
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         with os.fdopen(fd, "wb") as raw:
             handle = _WriteErrors(raw)
             write(handle)
+            raw.flush()
+            os.fsync(raw.fileno())  # on disk before the rename makes it the file
         os.replace(tmp, path)
     except BaseException as error:
         if tmp:
             Path(tmp).unlink(missing_ok=True)  # no half-written file, not even a hidden one
         if _no_space(error) or (handle is not None and _no_space(handle.error)):
-            raise disk_full(path) from None
+            raise disk_full(path, setting) from None
+        if isinstance(error, OSError) and error.errno is not None:
+            raise OutputError(
+                f"cannot write {str(path)!r} ({error.strerror})",
+                hint=f"point {setting} at a writable folder, or fix its permissions",
+            ) from None
         raise
     return path
+
+
+def check_writable(folder: Path, setting: str) -> Path:
+    """Fail before training, not at the first save, when `folder` cannot be written; remove
+    the temporary files a killed run left there."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise OutputError(
+            f"{setting}={str(folder)!r} cannot be written ({error.strerror})",
+            hint=f"point {setting} at a writable folder",
+        ) from None
+    remove_stale_temp_files(folder)
+    return folder
+
+
+def _owner() -> str:
+    """This process, as a temporary file's name records it: PID namespace and PID."""
+    return f"{_pid_namespace()}-{os.getpid()}"
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        return "0"
+
+
+def remove_stale_temp_files(folder: Path) -> list[Path]:
+    """Remove `folder`'s temporary files whose writer is gone: same PID namespace as this
+    process (so the PID means the same process) and no such process. Others are left alone:
+    another container's writer may be alive."""
+    removed = []
+    namespace = _pid_namespace()
+    for path in folder.glob(f".*{TEMP_SUFFIX}"):
+        match = TEMP_NAME.fullmatch(path.name)
+        if match is None or match["ns"] != namespace or psutil.pid_exists(int(match["pid"])):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 class _WriteErrors:
@@ -79,7 +141,7 @@ def _no_space(error: BaseException | None) -> bool:
     return False
 
 
-def disk_full(path: Path) -> DiskFullError:
+def disk_full(path: Path, setting: str = "train.output_dir") -> DiskFullError:
     """Name the file, and how full its file system is (after the partial file is gone)."""
     try:
         usage = shutil.disk_usage(path.parent)
@@ -88,8 +150,7 @@ def disk_full(path: Path) -> DiskFullError:
         room = ""
     return DiskFullError(
         f"no space left on device while writing {str(path)!r}{room}",
-        hint="free space on that file system, or write to a folder with room "
-        "(train.output_dir=... for a run's results and checkpoints)",
+        hint=f"free space on that file system, or set {setting}=<a folder with room>",
     )
 
 

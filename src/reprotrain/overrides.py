@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.errors import ConfigError
-from reprotrain.project import PACKAGE_ROOT, register_resolvers
+from reprotrain.project import conf_folder, register_resolvers
 from reprotrain.schema import validate
 
 # Hydra flags that print something and exit: nothing to check.
@@ -276,7 +276,7 @@ def _configs(flags: dict[str, str], hydra_overrides: list[Override]) -> Iterator
     `hydra.searchpath=[...]` override added to the search path as Hydra adds them."""
     config_name = flags.get("--config-name") or flags.get("-cn") or "config"
     config_path = flags.get("--config-path") or flags.get("-cp")
-    primary = PACKAGE_ROOT / "conf"  # the folder cli.py's @hydra.main names
+    primary = conf_folder()  # the folder cli.py's @hydra.main names
     if config_path:  # relative to the module holding @hydra.main, as Hydra reads it
         primary = Path(__file__).resolve().parent / config_path
     primary = primary.resolve()

@@ -28,6 +28,12 @@ def find_root(start: Path | None = None) -> Path:
     return PACKAGE_ROOT
 
 
+def conf_folder() -> Path:
+    """The app's primary config folder: the project's conf/ (found from cwd, so additions to a
+    project's conf/ are used), else the one beside this package."""
+    return find_root() / "conf"
+
+
 def store_root(start: Path | None = None) -> Path:
     """The project that owns the MLflow store: above a DVC experiment's temporary copy."""
     dvc_root = os.environ.get("DVC_ROOT")  # DVC points queued experiments at the parent repo
@@ -48,7 +54,7 @@ def default_tracking_uri(start: Path | None = None) -> str:
 
 def conf_digest(conf_dir: Path | None = None) -> str:
     """sha256 (first 16 hex) over every file's path and bytes under conf/."""
-    conf_dir = conf_dir or find_root() / "conf"
+    conf_dir = conf_dir or conf_folder()
     digest = hashlib.sha256()
     for path in sorted(p for p in conf_dir.rglob("*") if p.is_file()):
         digest.update(path.relative_to(conf_dir).as_posix().encode() + b"\0")

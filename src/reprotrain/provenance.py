@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import TensorDataset
 
 from reprotrain import __version__
-from reprotrain.build import Pieces, class_name
+from reprotrain.build import Pieces, class_name, data_sizes
 from reprotrain.data import file_md5
 from reprotrain.project import find_root, git_state
 from reprotrain.schema import Config, as_dict
@@ -44,8 +44,13 @@ def run_tags(config: Config, pieces: Pieces, runtime: str) -> dict[str, str]:
 
 
 def built_tags(pieces: Pieces) -> dict[str, str]:
-    """What was built, by class: the names a dashboard filters on."""
+    """What was built, by class, and the data's sizes: the names a dashboard filters on."""
+    sizes = data_sizes(pieces.splits)
     tags = {
+        "data.input_shape": "x".join(str(n) for n in sizes["input_shape"]) or "scalar",
+        "data.num_classes": str(sizes["num_classes"]),
+        "data.train_samples": str(len(pieces.splits.train)),
+        "data.val_samples": str(len(pieces.splits.val)),
         "model.class": class_name(pieces.model),
         "optimizer.class": class_name(pieces.optimizer),
         "loss.class": class_name(pieces.loss_fn),

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from reprotrain.errors import TrackingError, UserError, report_and_exit
-from reprotrain.tracking import Spool, check_store
+from reprotrain.tracking import Spool, check_store, redact
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,10 +39,20 @@ def main(argv: list[str] | None = None) -> None:
         check_store(spool.uri, 10.0)
         from mlflow.tracking import MlflowClient  # ~2 s: only once there is something to send
 
-        sent = spool.send(MlflowClient(spool.uri))
+        try:
+            sent = spool.send(MlflowClient(spool.uri))
+        except Exception as error:  # MLflow's own exceptions: an unknown run, a refused write
+            if isinstance(error, UserError):
+                raise
+            raise TrackingError(
+                f"could not send {args.spool} to run {spool.run_id} at {redact(spool.uri)} "
+                f"({str(error).splitlines()[0][:200]}); what was sent left the file",
+                hint="check that the run is in that store (--tracking-uri names another), "
+                "then run the replay again",
+            ) from None
     except UserError as error:
         report_and_exit(error)
-    print(f"replay: sent {sent} metric points to run {spool.run_id} at {spool.uri}")
+    print(f"replay: sent {sent} metric points to run {spool.run_id} at {redact(spool.uri)}")
 
 
 if __name__ == "__main__":

@@ -198,12 +198,27 @@ def target_kwargs(section: str, node: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in node.items() if k not in skip}
 
 
+def drop_auto_fused(node: dict[str, Any]) -> dict[str, Any]:
+    """`fused: null` means "torch's fused kernel where the optimizer has one": for an optimizer
+    that takes no `fused` (NAdam, RMSprop, a user's), the key is left out, not an error."""
+    if "fused" not in node or node["fused"] is not None:
+        return node
+    try:
+        parameters = inspect.signature(get_object(node["_target_"])).parameters
+    except Exception:  # not importable: check_target says so in one line
+        return node
+    if "fused" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return node
+    return {k: v for k, v in node.items() if k != "fused"}
+
+
 def check_targets(config: Config) -> None:
     """Import every `_target_` and bind its keys to the callable's signature."""
     check_target("model", config.model, provided=DATA_SIZES, kind=torch.nn.Module)
     check_target("data", config.data)
     check_target("loss", config.loss)
-    check_target("optimizer", config.optimizer, positional=1, kind=torch.optim.Optimizer)
+    optimizer = drop_auto_fused(config.optimizer)
+    check_target("optimizer", optimizer, positional=1, kind=torch.optim.Optimizer)
     _check_optimizer_ranges(config.optimizer)
     if config.scheduler is not None:
         check_target(

@@ -10,12 +10,14 @@ plus matmul_flops, the fp32 arithmetic ceiling that b's FLOP/s is set against.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import torch
 from torch import nn
 
@@ -194,9 +196,13 @@ def lightning_or_reason(
     except ImportError:
         return {"skipped": "lightning is not installed (pip install -e '.[bench]')"}, []
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "no workers", "tensor cores": advice, not results
-        return lightning_loop(device, dataset, batch_size, steps, warmup, tracking_uri, workdir)
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no workers", "tensor cores": advice, not results
+            return lightning_loop(device, dataset, batch_size, steps, warmup, tracking_uri, workdir)
+    finally:  # MLFlowLogger sets the process-wide URI (and $MLFLOW_TRACKING_URI): put it back
+        mlflow.set_tracking_uri(previous)
 
 
 def lightning_loop(

@@ -34,7 +34,9 @@ def write_npz(splits: Splits, path: Path) -> str:
         "y_val": y_val.numpy(),
     }
     classes = -1 if splits.num_classes is None else int(splits.num_classes)
-    write_atomic(path, lambda handle: np.savez(handle, num_classes=np.array(classes), **arrays))
+    write_atomic(
+        path, lambda handle: np.savez(handle, num_classes=np.array(classes), **arrays), "--out"
+    )
     return file_md5(path)
 
 

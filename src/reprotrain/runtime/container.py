@@ -28,7 +28,8 @@ from reprotrain.errors import RuntimeEnvError, UserError
 from reprotrain.project import default_tracking_uri, find_root, git_state
 from reprotrain.schema import Config, as_dict
 from reprotrain.stopping import Interrupted
-from reprotrain.tracking import check_store, ensure_experiment, prepare_store
+from reprotrain.tracking import check_store, ensure_experiment, owner_tags, prepare_store, sweep
+from reprotrain.tracking.orphans import CONTAINER_NAME_ENV
 
 CONTAINER_ENV = "REPROTRAIN_IN_CONTAINER"
 
@@ -75,6 +76,7 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         run_id = resumed or create_run(config, uri, kind)
     commit, dirty = git_state(root)
     config_file = write_launch_config(root, config)
+    name = f"reprotrain-{kind}-{uuid.uuid4().hex[:12]}"
     env = {
         "MLFLOW_TRACKING_URI": uri,
         "REPROTRAIN_RUNTIME": f"docker-{kind}",
@@ -83,6 +85,7 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         "REPROTRAIN_GIT_DIRTY": dirty,
         "GIT_PYTHON_REFRESH": "quiet",  # the image has no git: MLflow's probe for it stays quiet
         CONTAINER_ENV: "1",
+        CONTAINER_NAME_ENV: name,  # the run's owner, as a later run checks it is alive
         **({"REPROTRAIN_RUN_ID": run_id} if run_id else {}),
         **{
             k: v
@@ -109,6 +112,7 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         project_root=root,
         env=env,
         network=network,
+        name=name,
         shm_size=config.runtime.shm_size,
         cpus=config.runtime.cpus,
         mounts=outside_paths(config, uri),
@@ -175,7 +179,10 @@ def create_run(config: Config, uri: str, kind: str) -> str:
     model, optimizer = (config.model["_target_"], config.optimizer["_target_"])
     default = f"{model.rsplit('.', 1)[-1]}-{optimizer.rsplit('.', 1)[-1]}-docker-{kind}".lower()
     name = config.tracking.run_name or default
-    return client.create_run(experiment_id, run_name=name).info.run_id
+    # Owned by this launcher until the training process in the container tags itself.
+    run_id = client.create_run(experiment_id, run_name=name, tags=owner_tags()).info.run_id
+    sweep(client, [experiment_id], exclude=run_id)  # inside the container nothing can be proved
+    return run_id
 
 
 def end_if_running(uri: str, run_id: str, exit_code: int) -> None:

@@ -7,29 +7,36 @@ loop, write the outputs. The container runtime runs this same function inside th
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import torch
 
 from reprotrain import fastpaths
 from reprotrain.build import Pieces, build, check_fit
 from reprotrain.build import out_of_memory as is_out_of_memory
-from reprotrain.checkpoint import checkpoint_path, fingerprint, load_resume_point, save_checkpoint
+from reprotrain.checkpoint import (
+    already_finished,
+    checkpoint_path,
+    fingerprint,
+    load_resume_point,
+    save_checkpoint,
+)
 from reprotrain.data import make_batches
 from reprotrain.devices import describe_device, resolve_device, set_threads
-from reprotrain.errors import ConfigError, DeviceError
-from reprotrain.loop import fit
+from reprotrain.errors import DeviceError, TrackingError
+from reprotrain.loop import TIMING_KEYS, Fitted, fit
+from reprotrain.outputs import check_writable
 from reprotrain.project import default_tracking_uri
 from reprotrain.provenance import count_parameters, run_name, run_tags
 from reprotrain.results import finish
 from reprotrain.schema import Config, as_dict, flatten
 from reprotrain.seeding import seed_everything
 from reprotrain.stopping import GracefulStop
-from reprotrain.tracking import NoRun, TrackedRun, check_store
+from reprotrain.tracking import NoRun, TrackedRun, check_store, redact, run_status
 
 
 def run(config: Config, runtime: str = "local", varied: list[str] | None = None) -> dict[str, Any]:
@@ -38,12 +45,17 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
     fastpaths.check(config.train, device)
     set_threads(config.train.threads)
     seed_everything(config.train.seed, config.train.deterministic, device)
-    out_dir = check_output_dir(Path(config.train.output_dir or "outputs/runs/latest"))
+    out_dir = check_writable(
+        Path(config.train.output_dir or "outputs/runs/latest"), "train.output_dir"
+    )
+    check_writable(Path(config.train.checkpoint_dir), "train.checkpoint_dir")  # also on Ctrl-C
     uri = config.tracking.uri or default_tracking_uri()
     if config.tracking.enabled:
         check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
+    if resume_from and config.tracking.enabled:
+        check_resumable(config, resume_from, uri)  # before any step, not after the first flush
     try:
         pieces = build(config, device)
     except (torch.OutOfMemoryError, RuntimeError) as error:
@@ -54,6 +66,11 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
     batches = make_batches(pieces.splits.train, config.train, device)
     total = config.train.steps or config.train.epochs * batches.batches_per_epoch
     start, losses = restore(resume_from, pieces)
+    finishing = resume_from is not None and start >= total
+    if finishing and config.tracking.enabled:
+        status = run_status(uri, resume_from["run_id"])
+        if status == "FINISHED":
+            raise already_finished(config, resume_from, status)
     info = describe_device(device)
     startup_s = time.time() - psutil.Process().create_time()  # process start to first step
     tracker = (
@@ -72,7 +89,12 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
     )
     with tracker as tracked:
 
-        def save(step: int, losses_so_far: list[float]) -> None:
+        def save(
+            step: int,
+            losses_so_far: list[float],
+            window: list[float],
+            timings: dict[str, float] | None = None,
+        ) -> None:
             save_checkpoint(
                 checkpoint_path(config.train.checkpoint_dir, tracked.run_id),
                 step=step,
@@ -82,30 +104,40 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
                 losses=losses_so_far,
                 run_id=tracked.run_id,
                 fingerprint=fingerprint(config),
+                unsent=tracked.unsent(),
+                window=window,
+                timings=timings,
             )
 
-        try:
-            fitted = fit(
-                pieces.model,
-                batches,
-                pieces.loss_fn,
-                pieces.optimizer,
-                device=device,
-                train=config.train,
-                recorder=tracked,
-                scheduler=pieces.scheduler,
-                scheduler_interval=pieces.scheduler_interval,
-                total=total,
-                start=start,
-                losses=losses,
-                save=save,
-                stop=stop,
-                loss_every=config.tracking.loss_every,
-            )
-        except (torch.OutOfMemoryError, RuntimeError) as error:
-            if not is_out_of_memory(error):
-                raise
-            raise out_of_memory(device, config, pieces) from None
+        if resume_from:  # what the stopped try had not sent; those it had are not sent again
+            tracked.resend(resume_from.get("unsent", []))
+        if finishing:  # killed during its final phase: finish it without training again
+            fitted = finished_fit(resume_from, total)
+        else:
+            try:
+                fitted = fit(
+                    pieces.model,
+                    batches,
+                    pieces.loss_fn,
+                    pieces.optimizer,
+                    device=device,
+                    train=config.train,
+                    recorder=tracked,
+                    scheduler=pieces.scheduler,
+                    scheduler_interval=pieces.scheduler_interval,
+                    total=total,
+                    start=start,
+                    losses=losses,
+                    save=save,
+                    stop=stop,
+                    loss_every=config.tracking.loss_every,
+                    window_values=resume_from.get("window") if resume_from else None,
+                )
+            except (torch.OutOfMemoryError, RuntimeError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                raise out_of_memory(device, config, pieces) from None
+            save(total, fitted.losses, [], fitted.timings)  # the final phase restarts here
         result = finish(
             config,
             pieces,
@@ -127,6 +159,28 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
             flush=True,
         )
     return result
+
+
+def check_resumable(config: Config, state: dict[str, Any], uri: str) -> None:
+    """The run a checkpoint belongs to must be in this store: say so before training."""
+    if run_status(uri, state["run_id"]) is None:
+        raise TrackingError(
+            f"train.resume={config.train.resume!r}: its run {state['run_id']} is not in the "
+            f"tracking store {redact(uri)}",
+            hint="set tracking.uri to the store the run was recorded in, or start a new run",
+        )
+
+
+def finished_fit(state: dict[str, Any], total: int) -> Fitted:
+    """What fit() left, from the last step's checkpoint: a run killed after training."""
+    losses = list(state["losses"])
+    timings = state.get("timings") or {}  # a checkpoint written at a stop has none
+    return Fitted(
+        list(range(1, total + 1)),
+        losses,
+        {key: float(timings.get(key, float("nan"))) for key in TIMING_KEYS},
+        int(np.sum(~np.isfinite(np.asarray(losses, dtype=np.float64)))),
+    )
 
 
 def restore(state: dict[str, Any] | None, pieces: Pieces) -> tuple[int, list[float]]:
@@ -163,17 +217,3 @@ def out_of_memory(device: torch.device, config: Config, pieces: Pieces | None) -
         hint="lower train.batch_size or the model's size, or keep the data on the host with "
         "train.resident_data=false",
     )
-
-
-def check_output_dir(out_dir: Path) -> Path:
-    """Fail before training, not after it, when the results cannot be written."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-check-"):
-            pass
-    except OSError as error:
-        raise ConfigError(
-            f"train.output_dir={str(out_dir)!r} cannot be written ({error.strerror})",
-            hint="point train.output_dir at a writable folder",
-        ) from None
-    return out_dir

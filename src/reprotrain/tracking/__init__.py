@@ -4,12 +4,14 @@ recorder.py     the interface the loop records through (Recorder), NoRun, Metric
                 end_status / describe_error (how a run's end maps to its MLflow status)
 mlflow_run.py   TrackedRun: one MLflow run, metrics sent in batches with log_batch
 mlflow_model.py the run's MLflow Model (mlflow.pytorch.log_model), with its code
-store.py        check_store, prepare_store, ensure_experiment, artifact_location
-spool.py        what a tracking server that is away did not take, kept to send later
+store.py        check_store, prepare_store, ensure_experiment, run_status, redact
+spool.py        what a store that is away, locked or gone did not take, kept to send later
+orphans.py      who owns a run (host, PID, container); runs left RUNNING by a gone process
 """
 
 from reprotrain.tracking.mlflow_model import log_pytorch_model
 from reprotrain.tracking.mlflow_run import RUN_ID_ENV, TrackedRun
+from reprotrain.tracking.orphans import Orphan, end_orphans, owner_tags, sweep
 from reprotrain.tracking.recorder import (
     MAX_BATCH,
     MetricBuffer,
@@ -27,6 +29,8 @@ from reprotrain.tracking.store import (
     check_store,
     ensure_experiment,
     prepare_store,
+    redact,
+    run_status,
 )
 
 __all__ = [
@@ -36,6 +40,7 @@ __all__ = [
     "RUN_ID_ENV",
     "MetricBuffer",
     "NoRun",
+    "Orphan",
     "Point",
     "Recorder",
     "Spool",
@@ -43,9 +48,14 @@ __all__ = [
     "artifact_location",
     "check_store",
     "describe_error",
+    "end_orphans",
     "end_status",
     "ensure_experiment",
     "is_unreachable",
     "log_pytorch_model",
+    "owner_tags",
     "prepare_store",
+    "redact",
+    "run_status",
+    "sweep",
 ]

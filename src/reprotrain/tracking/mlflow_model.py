@@ -178,6 +178,21 @@ def _copy_imported_modules(package: str, folder: Path, scratch: Path) -> Path:
     return target
 
 
+def logged_model_of(client: Any, run_id: str) -> Any:
+    """The run's READY MLflow Model, if an earlier try logged it; entries a try killed while
+    logging left (not READY) are removed, so the run lists one model."""
+    experiment_id = client.get_run(run_id).info.experiment_id
+    ready = None
+    for logged in client.search_logged_models([experiment_id]):
+        if logged.source_run_id != run_id or logged.name != MODEL_NAME:
+            continue
+        if str(logged.status) == "READY" and ready is None:
+            ready = logged
+        else:
+            client.delete_logged_model(logged.model_id)
+    return ready
+
+
 def _drop_failed_model(mlflow: ModuleType, run_id: str) -> None:
     """Remove the LoggedModel entry a failed attempt left (status FAILED), so the run lists
     only the model that was saved."""

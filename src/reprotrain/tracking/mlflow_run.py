@@ -24,7 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from reprotrain.tracking.mlflow_model import log_pytorch_model
+from reprotrain.tracking.mlflow_model import log_pytorch_model, logged_model_of
+from reprotrain.tracking.orphans import owner_tags, sweep
 from reprotrain.tracking.recorder import (
     MAX_BATCH,
     MetricBuffer,
@@ -33,7 +34,7 @@ from reprotrain.tracking.recorder import (
     end_status,
 )
 from reprotrain.tracking.spool import Spool, is_unreachable
-from reprotrain.tracking.store import ensure_experiment, prepare_store
+from reprotrain.tracking.store import ensure_experiment, prepare_store, redact
 
 RUN_ID_ENV = "REPROTRAIN_RUN_ID"  # a launcher that created the run hands it to the container
 MAX_PARAMS = 100  # MLflow's limit of params per log_batch call
@@ -51,8 +52,13 @@ class TrackedRun:
     wait in the buffer until the run is open. `ready()` joins the thread and re-raises
     anything it hit.
 
-    With a server and `spool_dir`, what the server does not take while it is away goes to a
-    spool file (spool.py) and is sent first once it answers again.
+    With `spool_dir`, what the store does not take while it is away (a server that does not
+    answer, a sqlite store locked past its busy timeout, deleted or full) goes to a spool
+    file (spool.py) and is sent first once it answers again: training never stops for it.
+
+    A resumed run (`resume_run_id`) first reads which (key, step) points the store has, and
+    sends only the others: what the stopped try sent after its last checkpoint is not sent
+    twice, and what it had not sent yet (the checkpoint keeps `unsent()`) is sent once.
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class TrackedRun:
         self._client: Any = None
         self._run_id = ""
         self._error: BaseException | None = None
+        self.present: set[tuple[str, int]] = set()  # (key, step) the store has (resumed runs)
 
     def __enter__(self) -> TrackedRun:
         return self
@@ -97,14 +104,17 @@ class TrackedRun:
             client = MlflowClient(self.uri)
             run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "")
             if self.resume_run_id:  # a resumed run continues the same MLflow run
+                self.present = recorded_steps(client, run_id)
+                if "error" in client.get_run(run_id).data.tags:  # the stopped try's reason
+                    client.delete_tag(run_id, "error")
                 client.update_run(run_id, status="RUNNING")
                 self.params = {}  # logged when it started; MLflow params cannot change
             elif not run_id:
                 experiment_id = ensure_experiment(client, self.experiment)
                 run_id = client.create_run(experiment_id, run_name=self.run_name).info.run_id
-            if self.spool_dir is not None and self.uri.startswith(("http://", "https://")):
+            if self.spool_dir is not None:
                 self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
-            tags = [RunTag(k, str(v)[:MAX_TEXT]) for k, v in self.tags.items()]
+            tags = [RunTag(k, str(v)[:MAX_TEXT]) for k, v in {**self.tags, **owner_tags()}.items()]
             params = [Param(k, _param_text(v)) for k, v in self.params.items()]
             for i in range(0, max(len(params), 1), MAX_PARAMS):
                 client.log_batch(
@@ -113,6 +123,12 @@ class TrackedRun:
             self._client, self._run_id = client, run_id
         except BaseException as error:  # handed to the main thread by ready()
             self._error = error
+            return
+        # Runs of this experiment left RUNNING by a process that is gone end KILLED now.
+        sweep(client, [self._experiment_id(run_id)], exclude=run_id)
+
+    def _experiment_id(self, run_id: str) -> str:
+        return self._client.get_run(run_id).info.experiment_id
 
     def ready(self) -> None:
         """Wait until the run is open; raise what opening it hit."""
@@ -154,8 +170,11 @@ class TrackedRun:
         """Log `model` as this run's MLflow Model under `model` (see mlflow_model.py), with
         `input_example` (a batch of inputs; a few rows are kept), registered as a new version
         of `registered_name` if given. Returns MLflow's ModelInfo; None if the tracking
-        server is away (the run's other artifacts are spooled; the model is not)."""
+        server is away (the run's other artifacts are spooled; the model is not), or if a
+        resumed run's earlier try already logged it."""
         try:
+            if self.resume_run_id and logged_model_of(self.client, self.run_id) is not None:
+                return None  # a try killed in its final phase logged it: once per run
             return log_pytorch_model(
                 self.client.tracking_uri, self.run_id, model, input_example, registered_name
             )
@@ -170,10 +189,21 @@ class TrackedRun:
             )
             return None
 
+    def unsent(self) -> list[Point]:
+        """Points logged but not yet sent (or spooled): a checkpoint keeps them, so a resume
+        after a hard kill sends them (recorded_steps keeps them from being sent twice)."""
+        return list(self.metrics.points)
+
+    def resend(self, points: list[Any]) -> None:
+        """Queue points a stopped try logged but had not sent (its checkpoint's `unsent`)."""
+        self.metrics.extend(points)
+
     def _send(self, points: list[Point]) -> None:
         from mlflow.entities import Metric
 
         self.ready()
+        if self.present:  # a resumed run: what the stopped try already sent is not sent again
+            points = [p for p in points if (p[0], p[3]) not in self.present]
         # Chunks of MLflow's limit, each sent or spooled whole: a failure part-way through
         # one log_batch call of more would leave part stored and all of it spooled.
         for i in range(0, len(points), MAX_BATCH):
@@ -222,12 +252,18 @@ class TrackedRun:
             self._keep_for_later(failure, {"status": status, "error": message})
         if self.spool is not None and self.spool.pending():
             print(
-                f"reprotrain: warning: the tracking server is still away; run {self._run_id} "
-                f"ends {status} once you send the rest with: python -m reprotrain.replay "
-                f"{self.spool.path}",
+                f"reprotrain: warning: the tracking store {redact(self.uri)} is still "
+                f"unavailable; run {self._run_id} ends {status} once you send the rest with: "
+                f"python -m reprotrain.replay {self.spool.path}",
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def recorded_steps(client: Any, run_id: str) -> set[tuple[str, int]]:
+    """Every (metric key, step) run `run_id` holds: what a resume must not send again."""
+    keys = client.get_run(run_id).data.metrics
+    return {(key, metric.step) for key in keys for metric in client.get_metric_history(run_id, key)}
 
 
 def _param_text(value: Any) -> str:

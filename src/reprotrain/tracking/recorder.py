@@ -38,6 +38,8 @@ class Recorder(Protocol):
     def log_model(
         self, model: Any, input_example: Any, registered_name: str | None = None
     ) -> Any: ...
+    def unsent(self) -> list[Point]: ...
+    def resend(self, points: list[Any]) -> None: ...
 
 
 class NoRun:
@@ -59,6 +61,11 @@ class NoRun:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
     def log_model(self, model: Any, input_example: Any, registered_name: str | None = None) -> None:
         return None
+
+    def unsent(self) -> list[Point]:
+        return []
+
+    def resend(self, points: list[Any]) -> None: ...
 
 
 class MetricBuffer:
@@ -83,6 +90,10 @@ class MetricBuffer:
             or time.monotonic() - self.last_flush > self.max_age_s
         ):
             self.flush()
+
+    def extend(self, points: list[Any]) -> None:
+        """Points logged earlier (a stopped try's unsent ones), with their own timestamps."""
+        self.points.extend((str(k), float(v), int(t), int(s)) for k, v, t, s in points)
 
     def flush(self) -> None:
         if self.points:

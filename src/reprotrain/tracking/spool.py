@@ -1,20 +1,28 @@
-"""Keeping a run's record while the tracking server is away, and sending it later.
+"""Keeping a run's record while the tracking store is unavailable, and sending it later.
 
-When a server stops answering mid-run, training goes on: metric points, artifacts and the
-final status are appended to a spool file (JSON lines) beside the run's outputs. Each later
-flush first re-sends what is spooled, so nothing is lost and the order is kept; if the
-server is still away when the run ends, the run says so and prints
-`python -m reprotrain.replay <spool file>`, which sends the rest (`Spool.send`).
+When a server stops answering mid-run, or a sqlite store is locked by another process for
+longer than sqlite's busy timeout, deleted or on a full disk, training goes on: metric
+points, artifacts and the final status are appended to a spool file (JSON lines) beside the
+run's outputs. Each later flush first re-sends what is spooled, so nothing is lost and the
+order is kept; if the store is still unavailable when the run ends, the run says so and
+prints `python -m reprotrain.replay <spool file>`, which sends the rest (`Spool.send`).
+
+Each record is one line written with one `write` and flushed: a kill during an append can
+only leave the last line cut short, and reading skips that line (with a warning) rather
+than refusing the whole file.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from reprotrain.errors import DataError
 from reprotrain.tracking.recorder import MAX_BATCH
+from reprotrain.tracking.store import redact
 
 # How MLflow words a transport failure (refused, reset, a reply cut off mid-body when the
 # server dies during a request): "API request to ... failed with exception ...".
@@ -26,16 +34,27 @@ UNREACHABLE_MARKERS = (
     "ConnectionError",
     "Read timed out",
 )
+# How sqlite (through MLflow's SQLAlchemy store) words a store that cannot take a write now:
+# locked by another process past the busy timeout, deleted or replaced under the run, full.
+STORE_UNAVAILABLE_MARKERS = (
+    "database is locked",
+    "readonly database",
+    "no such table",
+    "unable to open database file",
+    "disk I/O error",
+    "database or disk is full",
+)
 
 
 def is_unreachable(error: BaseException) -> bool:
-    """A connection problem (retry later), as opposed to a request the server refused."""
+    """The store cannot take the request now (retry later): a connection problem, or a sqlite
+    store that is locked, gone or full; as opposed to a request the store refused."""
     import requests  # ~0.1 s to import: only once a request has failed (it comes with MLflow)
 
     if isinstance(error, OSError | requests.exceptions.RequestException):
         return True
     text = str(error)
-    return any(marker in text for marker in UNREACHABLE_MARKERS)
+    return any(marker in text for marker in UNREACHABLE_MARKERS + STORE_UNAVAILABLE_MARKERS)
 
 
 class Spool:
@@ -48,8 +67,17 @@ class Spool:
 
     @classmethod
     def open(cls, path: Path) -> Spool:
-        header = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
-        return cls(path, header["uri"], header["run_id"])
+        """Read a spool file's header; a file that is not one is a one-line DataError."""
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        try:
+            header = json.loads(lines[0])
+            return cls(path, str(header["uri"]), str(header["run_id"]))
+        except (IndexError, ValueError, KeyError, TypeError):
+            raise DataError(
+                f"spool file {str(path)!r} has no valid header (its first line should be "
+                f'{{"run_id": ..., "uri": ...}}, got {(lines[0] if lines else "")[:80]!r})',
+                hint="give the .jsonl file a reprotrain run wrote under <output_dir>/spool/",
+            ) from None
 
     def pending(self) -> bool:
         return self.path.is_file() and len(self._records()) > 0
@@ -62,21 +90,49 @@ class Spool:
             else json.dumps({"run_id": self.run_id, "uri": self.uri}) + "\n"
         )
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(header + json.dumps(record) + "\n")
+            handle.write(header + json.dumps(record) + "\n")  # one write: whole lines only
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def warn_once(self, error: BaseException) -> None:
         if not self.warned:
             self.warned = True
             reason = str(error).splitlines()[0][:160]
             print(
-                f"reprotrain: warning: tracking server {self.uri} is not answering ({reason}); "
-                f"training goes on, metrics are kept in {self.path} and sent when it answers",
+                f"reprotrain: warning: tracking store {redact(self.uri)} cannot take the run's "
+                f"record now ({reason}); training goes on, the record is kept in {self.path} "
+                "and sent when the store answers",
                 file=sys.stderr,
                 flush=True,
             )
 
     def _records(self) -> list[str]:
-        return self.path.read_text(encoding="utf-8").splitlines()[1:]
+        """The record lines; a last line cut short by a kill during an append is dropped (what
+        it held was never completely written), a damaged line elsewhere is an error."""
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()[1:]
+        for number, line in enumerate(lines, start=2):
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or not {"metrics", "artifact", "status"} & set(
+                    record
+                ):
+                    raise ValueError("not a spool record")
+            except ValueError:
+                if number == len(lines) + 1 and not text.endswith("\n"):
+                    print(
+                        f"reprotrain: warning: the last line of {self.path} was cut short "
+                        f"(a kill during a write); its {len(line)} bytes are skipped",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return lines[:-1]
+                raise DataError(
+                    f"spool file {str(self.path)!r}, line {number}, is not a spool record "
+                    f"({line[:60]!r})",
+                    hint="delete that line (what it held is lost) and run the replay again",
+                ) from None
+        return lines
 
     def send(self, client: Any) -> int:
         """Send everything spooled, oldest first, through `client` (an MlflowClient); each
@@ -85,7 +141,7 @@ class Spool:
 
         sent = 0
         records = self._records()
-        header = self.path.read_text(encoding="utf-8").splitlines()[0]
+        header = self.path.read_text(encoding="utf-8", errors="replace").splitlines()[0]
         while records:
             record = json.loads(records[0])
             if "metrics" in record:

@@ -3,6 +3,8 @@
     check_store(uri, timeout_s)              # fail in seconds, not after MLflow's retries
     prepare_store(uri)                       # a fresh sqlite DB's schema, created once
     experiment_id = ensure_experiment(client, "reprotrain")
+    run_status(uri, run_id)                  # "RUNNING", "FINISHED", ...; None if not there
+    redact("http://user:secret@host")        # "http://user:***@host": for every message
 
 MLflow is imported only where a function needs it (~2 s here): a launcher that only checks
 the store, and a disabled tracking run, never pay for it.
@@ -11,6 +13,7 @@ the store, and a disabled tracking run, never pay for it.
 from __future__ import annotations
 
 import fcntl
+import re
 import tempfile
 import urllib.error
 import urllib.request
@@ -25,6 +28,14 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
+CREDENTIALS = re.compile(r"(?<=://)([^/@:\s]*):([^/@\s]*)@")
+
+
+def redact(text: str) -> str:
+    """Replace the password in any `scheme://user:password@host` inside `text`."""
+    return CREDENTIALS.sub(r"\1:***@", text)
+
+
 def check_store(uri: str, timeout_s: float) -> None:
     """Fail fast with a clear line: MLflow's own retries take minutes to give up."""
     if uri.startswith(("http://", "https://")):
@@ -33,7 +44,7 @@ def check_store(uri: str, timeout_s: float) -> None:
         _check_sqlite(Path(uri.removeprefix("sqlite:///")))
     elif uri.startswith("file:") or "://" not in uri:
         raise TrackingError(
-            f"tracking.uri={uri!r}: plain file stores are not supported by MLflow 3.13+",
+            f"tracking.uri={redact(uri)!r}: plain file stores are not supported by MLflow 3.13+",
             hint="use sqlite:////abs/path/mlflow.db or an http://host:port server",
         )
 
@@ -50,7 +61,7 @@ def _check_server(uri: str, timeout_s: float) -> None:
     except (urllib.error.URLError, OSError) as error:
         problem = str(getattr(error, "reason", error))
     raise TrackingError(
-        f"tracking server {uri} did not answer within {timeout_s:g}s ({problem})",
+        f"tracking server {redact(uri)} did not answer within {timeout_s:g}s ({problem})",
         hint="start it (mlflow server --host 127.0.0.1 --port PORT), fix tracking.uri / "
         "MLFLOW_TRACKING_URI, or run with tracking.enabled=false",
     )
@@ -90,6 +101,19 @@ def prepare_store(uri: str) -> None:
         from mlflow.tracking import MlflowClient
 
         MlflowClient(uri).search_experiments(max_results=1)
+
+
+def run_status(uri: str, run_id: str) -> str | None:
+    """The status of run `run_id` in the store at `uri`; None if the store has no such run."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return MlflowClient(uri).get_run(run_id).info.status
+    except MlflowException as error:
+        if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
 
 
 def ensure_experiment(client: Any, name: str) -> str:

@@ -1,0 +1,145 @@
+"""Runs left `RUNNING` by a process that is gone (kill -9, the OOM killer, a power cut).
+
+    owner_tags()                                  # who trains this run: tagged when it opens
+    ended = end_orphans(client, [experiment_id])  # mark the gone ones KILLED; returns them
+    sweep(client, [experiment_id], exclude=run_id)  # the same, said on stderr; never raises
+
+Each run records who owns it: `reprotrain.host`, `reprotrain.pid` and the process's start
+time (`reprotrain.pid_started`, so a reused PID is not taken for the owner), and, in
+reprotrain's container, the container's name (`reprotrain.container`). A run is an orphan
+only when that can be proved from here: a process on this host whose PID is gone or belongs
+to another process, or a container the local Docker engine no longer has. Runs owned by
+another machine, or whose owner cannot be checked (another PID namespace, no Docker engine),
+are left alone: a teammate's live run on a shared server is never ended.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from reprotrain.devices import in_container
+
+HOST_TAG = "reprotrain.host"
+PID_TAG = "reprotrain.pid"
+STARTED_TAG = "reprotrain.pid_started"
+CONTAINER_TAG = "reprotrain.container"
+ENDED_TAG = "reprotrain.ended_by"
+CONTAINER_NAME_ENV = "REPROTRAIN_CONTAINER_NAME"  # the launcher names the container it starts
+
+
+@dataclass(frozen=True)
+class Orphan:
+    run_id: str
+    run_name: str
+    experiment_id: str
+    why: str
+
+    def resume_command(self) -> str:
+        return f"python -m reprotrain.train train.resume={self.run_id}"
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags naming this process as the run's owner."""
+    tags = {
+        HOST_TAG: socket.gethostname(),
+        PID_TAG: str(os.getpid()),
+        STARTED_TAG: f"{psutil.Process().create_time():.2f}",
+    }
+    if in_container() and os.environ.get(CONTAINER_NAME_ENV):
+        tags[CONTAINER_TAG] = os.environ[CONTAINER_NAME_ENV]
+    return tags
+
+
+def gone_because(tags: dict[str, str]) -> str | None:
+    """Why the owner of a run with these tags is provably gone; None if alive or unknown."""
+    if in_container():
+        return None  # another PID namespace and no Docker engine: nothing can be proved here
+    container = tags.get(CONTAINER_TAG)
+    if container:
+        return _container_gone(container)
+    if tags.get(HOST_TAG) != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
+        return None
+    pid = int(tags[PID_TAG])
+    try:
+        started = psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return f"its process {pid} on {tags[HOST_TAG]} is gone"
+    except psutil.AccessDenied:
+        return None
+    recorded = float(tags.get(STARTED_TAG) or 0)
+    if recorded and abs(started - recorded) > 1.0:
+        return f"its process {pid} on {tags[HOST_TAG]} is gone (the PID now belongs to another)"
+    return None
+
+
+def _container_gone(name: str) -> str | None:
+    try:
+        probe = subprocess.run(
+            ["docker", "container", "inspect", "--format", "{{.State.Running}}", name],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # no engine to ask: unknown
+    if probe.returncode == 0:
+        return None if probe.stdout.strip() == "true" else f"its container {name} has stopped"
+    if "no such" in probe.stderr.lower():
+        return f"its container {name} is gone"
+    return None  # the engine did not answer: unknown
+
+
+def end_orphans(client: Any, experiment_ids: list[str], exclude: str = "") -> list[Orphan]:
+    """Mark every provably orphaned RUNNING run of these experiments KILLED, with an
+    `reprotrain.ended_by` tag saying why; return them."""
+    if not experiment_ids:
+        return []
+    ended = []
+    for run in client.search_runs(
+        experiment_ids, filter_string="attributes.status = 'RUNNING'", max_results=1000
+    ):
+        if run.info.run_id == exclude:
+            continue
+        why = gone_because(run.data.tags)
+        if why is None:
+            continue
+        client.set_tag(run.info.run_id, ENDED_TAG, f"reprotrain: {why}; found {_now()}")
+        client.set_terminated(run.info.run_id, "KILLED")
+        ended.append(Orphan(run.info.run_id, run.info.run_name, run.info.experiment_id, why))
+    return ended
+
+
+def sweep(client: Any, experiment_ids: list[str], exclude: str = "") -> list[Orphan]:
+    """end_orphans as a training run does it on its way in: each one said on stderr with the
+    command that continues it; a store that cannot be searched is a warning, not an error."""
+    try:
+        ended = end_orphans(client, experiment_ids, exclude=exclude)
+    except Exception as error:  # housekeeping: never a reason to stop training
+        print(
+            f"reprotrain: warning: could not look for runs left RUNNING "
+            f"({str(error).splitlines()[0][:160]})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return []
+    for orphan in ended:
+        print(
+            f"reprotrain: run {orphan.run_id} ({orphan.run_name}) was left RUNNING, but "
+            f"{orphan.why}: marked KILLED; continue it with: {orphan.resume_command()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return ended
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z")
