@@ -62,7 +62,11 @@ CASES = {
         "plain file stores are not supported",
     ),
     "missing data file": (["data.file=/nonexistent/data.npz"], "does not exist"),
-    "model too big for memory": (["model.hidden_size=2000000000"], "out of memory on cpu"),
+    "model too big for memory": (
+        ["model.hidden_size=2000000000"],
+        "needs more than 23,365.0 GiB to train (1,568,000,000,000 parameters so far",
+    ),
+    "model too deep for memory": (["model.depth=1000000"], "GiB free on cpu; fix: make the model"),
     "unknown non-finite mode": (
         ["train.nonfinite=maybe"],
         "train.nonfinite='maybe' is out of range; allowed: stop",

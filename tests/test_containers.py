@@ -35,6 +35,7 @@ from reprotrain import containers
 from reprotrain.containers import (
     EngineStatus,
     ImageRef,
+    bind_mount,
     container_command,
     engine_status,
     ensure_image,
@@ -111,7 +112,7 @@ def clean_build_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_container_mounts_project_at_same_path_and_runs_as_host_user():
     cmd = command(cwd=ROOT / "src")
     assert cmd[:3] == ["docker", "run", "--rm"]
-    assert value_after(cmd, "-v") == [f"{ROOT}:{ROOT}"]
+    assert value_after(cmd, "--mount") == [f"type=bind,source={ROOT},target={ROOT}"]
     assert value_after(cmd, "-w") == [str(ROOT / "src")]
     assert value_after(cmd, "--user") == [f"{os.getuid()}:{os.getgid()}"]
     env = value_after(cmd, "-e")
@@ -119,6 +120,21 @@ def test_container_mounts_project_at_same_path_and_runs_as_host_user():
     assert f"PYTHONPATH={ROOT}/src:{ROOT}" in env  # a package in the project imports there too
     assert "REPROTRAIN_IMAGE_ID=sha256:feed" in env
     assert cmd[-3:] == [FAKE_IMAGE.tag, "python", "-V"]
+
+
+def test_mounted_paths_keep_colons_and_commas():
+    """`-v a:b` would split a path at its `:`; --mount's CSV value quotes a `,`."""
+    assert bind_mount(Path("/data/run:1")) == "type=bind,source=/data/run:1,target=/data/run:1"
+    assert bind_mount(Path("/data/a,b")) == 'type=bind,"source=/data/a,b","target=/data/a,b"'
+
+
+def test_secret_in_the_environment_is_passed_by_name_only():
+    """A tracking URI with a password reaches the container through docker's environment,
+    not its argv (visible to ps)."""
+    uri = "http://ci:s3cr3t-planted@127.0.0.1:5000"
+    cmd = command(env={"MLFLOW_TRACKING_URI": uri})
+    assert "s3cr3t-planted" not in " ".join(cmd)
+    assert "MLFLOW_TRACKING_URI" in value_after(cmd, "-e")
 
 
 def test_container_workdir_is_project_root_when_cwd_is_outside_it(tmp_path: Path):

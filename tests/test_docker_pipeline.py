@@ -334,6 +334,7 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
     uninterrupted = run_app(
         tmp_path,
         *STOP_RESUME_RUN,
+        "experiment=smoke",  # the project's default preset (make_project), here explicit
         "runtime=local",
         f"tracking.uri={reference.uri}",
         f"train.output_dir={tmp_path / 'reference'}",
@@ -482,7 +483,8 @@ def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
     store = Store(repo)
     for overrides in (
         ["model=cnn", "data=digits_images"],
-        ["--config-dir", str(repo / "my_conf"), "model=tiny", "data=blobs"],
+        # experiment=null: the project's default preset (smoke) sizes the built-in data only
+        ["--config-dir", str(repo / "my_conf"), "model=tiny", "data=blobs", "experiment=null"],
     ):
         result = run_app(repo, *overrides, "device=cpu", "train.steps=40", timeout=1500)
         assert result.returncode == 0, result.stderr[-3000:]

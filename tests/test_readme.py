@@ -58,6 +58,7 @@ COVERED = {
     "python -m reprotrain.train train.resume=last": "test_reliability::test_stopped_run_resumes_to_the_same_losses_bit_for_bit",
     "python -m reprotrain.reproduce <run id>": "test_reliability::test_reproduce_reruns_a_past_run_and_reports_a_match",
     "python -m reprotrain.replay <spool file>": "test_reliability::test_server_still_away_at_the_end_then_replay",
+    "python -m reprotrain.runs --clean": "test_hard_kill::test_sigkill_mid_run_then_clean_and_resume_records_every_step_once",
     "python -m reprotrain.train model=cnn data=digits_images": "test_byo::test_cnn_on_digit_images_trains",
     "python -m reprotrain.train model=tiny data=digits_images": "test_byo::test_readme_bring_your_own_model_example",
     "python -m reprotrain.train optimizer=rmsprop scheduler=cosine": "test_byo::test_optimizer_and_scheduler_from_yaml_log_the_learning_rate",

@@ -288,7 +288,7 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
             proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
     assert "python -m reprotrain.replay" in stderr
-    assert "was not logged: the tracking server" in stderr  # the MLflow Model: said, not spooled
+    assert "was not logged: the tracking store" in stderr  # the MLflow Model: said, not spooled
     spooled = list((tmp_path / "results" / "spool").glob("*.jsonl"))
     assert len(spooled) == 1
     server.start()

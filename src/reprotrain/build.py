@@ -16,6 +16,8 @@ A value set in the YAML (or an interpolation such as `${data.num_features}`) win
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,11 @@ import numpy as np
 import torch
 from hydra.utils import get_object, instantiate
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from reprotrain.data import Splits, as_splits, read_npz, sample_of
-from reprotrain.errors import ConfigError
+from reprotrain.devices import available_memory
+from reprotrain.errors import ConfigError, DeviceError
 from reprotrain.schema import Config, drop_auto_fused, target_kwargs
 
 
@@ -46,7 +50,7 @@ class Pieces:
 def build(config: Config, device: torch.device, splits: Splits | None = None) -> Pieces:
     splits = splits or build_data(config)
     model_config = with_data_sizes(config.model, splits)
-    model = build_model(model_config).to(device)  # once, before the loop
+    model = build_model(model_config, device).to(device)  # once, before the loop
     loss_fn = build_loss(config.loss)
     if isinstance(loss_fn, nn.Module):
         loss_fn = loss_fn.to(device)
@@ -93,14 +97,72 @@ def with_data_sizes(node: dict[str, Any], splits: Splits) -> dict[str, Any]:
     return filled
 
 
-def build_model(node: dict[str, Any]) -> nn.Module:
-    model = _instantiate("model", node)
+def build_model(node: dict[str, Any], device: torch.device | None = None) -> nn.Module:
+    """The model `node` describes. With `device`, construction stops with a one-line error as
+    soon as its parameters, with their gradients and optimizer state, cannot fit in that
+    device's free memory (before the kernel's OOM killer would end the process silently)."""
+    if device is not None:
+        _estimate(node, device)
+    with _memory_bound(node["_target_"], device):
+        model = _instantiate("model", node)
     if not isinstance(model, nn.Module):
         raise ConfigError(
             f"model._target_={node['_target_']!r} built a {type(model).__name__}, not a torch.nn.Module",
             hint="point model._target_ at an nn.Module subclass (or a function returning one)",
         )
     return model
+
+
+# Bytes a parameter's element needs while training: the value, its gradient and two slots
+# of optimizer state (AdamW's; SGD with momentum needs one).
+TRAINING_COPIES = 4
+
+
+def _estimate(node: dict[str, Any], device: torch.device) -> None:
+    """Build the model on torch's meta device first (shapes, no memory, no initialisation),
+    under the same bound: a model far too large is refused in moments, not after it has
+    allocated a quarter of the machine. A model whose constructor cannot run on meta (it
+    loads weights, say) is left to the real build, which is bounded too."""
+    try:
+        with torch.device("meta"), _memory_bound(node["_target_"], device):
+            _instantiate("model", node)
+    except DeviceError:
+        raise
+    except Exception:  # noqa: S110 - the real build reports its own errors
+        pass
+
+
+@contextmanager
+def _memory_bound(target: str, device: torch.device | None) -> Iterator[None]:
+    """Count parameters as the model registers them (torch's global registration hook) and
+    stop the build once they cannot fit; the model is then at most one tensor past the
+    estimate's quarter, far from the limit."""
+    if device is None:
+        yield
+        return
+    limit, host = available_memory(device), available_memory(torch.device("cpu"))
+    count = {"elements": 0, "bytes": 0}
+
+    def check(_module: nn.Module, _name: str, param: nn.Parameter | None) -> None:
+        if param is None:
+            return
+        count["elements"] += param.numel()
+        count["bytes"] += param.numel() * param.element_size()
+        needed = count["bytes"] * TRAINING_COPIES
+        if needed > limit or count["bytes"] > host:
+            raise DeviceError(
+                f"model._target_={target!r} needs more than {needed / 2**30:,.1f} GiB to train "
+                f"({count['elements']:,} parameters so far, x{TRAINING_COPIES} for gradients "
+                f"and optimizer state), more than the {limit / 2**30:,.1f} GiB free on {device}",
+                hint="make the model smaller (its size settings under model.), or train on a "
+                "device with more memory",
+            )
+
+    handle = register_module_parameter_registration_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def build_loss(node: dict[str, Any]) -> Any:
@@ -231,7 +293,7 @@ def _instantiate(section: str, node: dict[str, Any], **extra: Any) -> Any:
         return instantiate(kwargs, _convert_="all")
     except Exception as error:  # hydra's InstantiationException wraps the constructor's error
         cause = error.__cause__ or error
-        if out_of_memory(cause):
+        if out_of_memory(cause) or isinstance(cause, DeviceError):
             raise cause from None  # the runtime names the device, batch and model
         raise ConfigError(
             f"{section}._target_={node['_target_']!r} failed to build: "

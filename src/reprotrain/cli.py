@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -22,11 +23,13 @@ from omegaconf import DictConfig
 
 from reprotrain import overrides
 from reprotrain.errors import ConfigError, UserError, report_and_exit
+from reprotrain.outputs import write_text
 from reprotrain.project import conf_digest, conf_folder, put_project_on_path
 from reprotrain.results import objective
 from reprotrain.runtime import launch
 from reprotrain.schema import Config, validate
 from reprotrain.stopping import Interrupted
+from reprotrain.tracking import redact
 
 # Overrides that say where or how a job runs, not what it trains: left out of run names.
 NOT_IN_NAMES = ("tracking.", "runtime", "train.output_dir", "train.progress", "hydra")
@@ -35,8 +38,9 @@ NOT_IN_NAMES = ("tracking.", "runtime", "train.output_dir", "train.progress", "h
 @hydra.main(config_path=str(conf_folder()), config_name="config", version_base="1.3")
 def hydra_app(cfg: DictConfig) -> float | None:
     try:
-        config = validate(cfg)
         hydra_config = HydraConfig.get()
+        redact_hydra_record(hydra_config)
+        config = validate(cfg)
         if hydra_config.job.config_name != "config":  # a composed params file
             check_conf_digest(config)
         if config.train.output_dir is None:  # Hydra's run folder: each sweep job its own
@@ -49,6 +53,18 @@ def hydra_app(cfg: DictConfig) -> float | None:
     except UserError as error:
         report_and_exit(error)
     return None
+
+
+def redact_hydra_record(hydra_config: DictConfig) -> None:
+    """Hydra records the job's config and overrides in <run folder>/.hydra/ before the job
+    starts; a password given in a URI (tracking.uri=http://user:pass@host) is taken out."""
+    if hydra_config.output_subdir is None:
+        return
+    folder = Path(hydra_config.runtime.output_dir) / hydra_config.output_subdir
+    for path in folder.glob("*.yaml"):
+        text = path.read_text(encoding="utf-8")
+        if redact(text) != text:
+            write_text(path, redact(text))
 
 
 def check_conf_digest(config: Config) -> None:

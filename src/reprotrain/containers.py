@@ -32,8 +32,10 @@ REPROTRAIN_IMAGE_ID (the image id, for the MLflow tag `image.id`).
 from __future__ import annotations
 
 import contextlib
+import csv
 import fcntl
 import hashlib
+import io
 import os
 import re
 import shlex
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprotrain.errors import RuntimeEnvError, UserError
+from reprotrain.tracking.store import redact
 
 KINDS = ("cpu", "cuda")
 IMAGE_REPO = "reprotrain"
@@ -367,12 +370,12 @@ def container_command(
     }
     cmd = ["docker", "run", "--rm", "--name", name or f"reprotrain-{kind}-{uuid.uuid4().hex[:12]}"]
     cmd += ["--user", user]  # files written into the mount belong to the host user, not root
-    cmd += ["-v", f"{root}:{root}", "-w", str(workdir)]
+    cmd += ["--mount", bind_mount(root), "-w", str(workdir)]
     # Folders the run reads or writes outside the project (a store, an output folder, the
     # current folder), each at its own path too.
     for folder in sorted({Path(m).resolve() for m in mounts}):
         if not folder.is_relative_to(root):
-            cmd += ["-v", f"{folder}:{folder}"]
+            cmd += ["--mount", bind_mount(folder)]
     cmd += ["--network", network, "--shm-size", shm_size]  # DataLoader workers use /dev/shm
     if cpus is not None:
         if cpus <= 0:
@@ -384,19 +387,36 @@ def container_command(
     if kind == "cuda":
         cmd += ["--gpus", "all"]
     for key, value in run_env.items():
-        cmd += ["-e", f"{key}={value}"]
+        # A value with a password is passed by name: docker takes it from its own
+        # environment (run_container's `secrets`), so it is not in this argv (ps, logs).
+        cmd += ["-e", key if redact(value) != value else f"{key}={value}"]
     return [*cmd, image.tag, *argv]
 
 
-def run_container(cmd: list[str], *, kind: str) -> int:
-    """Run a container_command, stream its output, forward SIGINT/SIGTERM, return its exit code."""
+def bind_mount(folder: Path) -> str:
+    """`--mount` for `folder` at the same path inside. Not `-v src:dst`, which splits at every
+    `:` of a path; --mount's value is CSV, so a `,` or `"` in a path is quoted."""
+    fields = ["type=bind", f"source={folder}", f"target={folder}"]
+    line = io.StringIO()
+    csv.writer(line, lineterminator="").writerow(fields)
+    return line.getvalue()
+
+
+def run_container(cmd: list[str], *, kind: str, secrets: dict[str, str] | None = None) -> int:
+    """Run a container_command, stream its output, forward SIGINT/SIGTERM, return its exit code.
+    `secrets`: the values container_command passed by name only (they hold a password)."""
     name = cmd[cmd.index("--name") + 1] if "--name" in cmd else None
     tail: deque[str] = deque(maxlen=RUN_TAIL_LINES)
     # Own session: a terminal's Ctrl-C reaches only us, and we forward it exactly once
     # (docker's own signal proxy would deliver a second one mid-cleanup).
     try:
         proc = subprocess.Popen(
-            cmd, stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True
+            cmd,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            env={**os.environ, **(secrets or {})},
         )
     except FileNotFoundError:
         raise RuntimeEnvError(

@@ -15,6 +15,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 
 from reprotrain.errors import DeviceError
@@ -79,6 +80,27 @@ def _no_cuda_hint() -> str:
     if torch.version.cuda is None:
         return "this torch build is CPU-only: install a CUDA build of torch, or use device=cpu / device=auto"
     return "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or use device=cpu / device=auto"
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for new tensors on `device`: the GPU's free memory, or on the host what
+    the kernel can give without swapping (within a container's memory limit)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    free = psutil.virtual_memory().available
+    limit = _cgroup_memory_left()
+    return int(min(free, limit) if limit is not None else free)
+
+
+def _cgroup_memory_left() -> int | None:
+    """What a cgroup v2 memory limit (docker run --memory) leaves; None without one."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
 
 
 def in_container() -> bool:

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import csv
 import errno
+import fcntl
 import io
 import json
 import os
 import re
 import shutil
+import socket
+import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +38,7 @@ from reprotrain.errors import DiskFullError, OutputError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota on it
 TEMP_SUFFIX = ".tmp"
+LOCK_NAME = ".reprotrain.lock"  # held by the run writing the folder (claim)
 TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?P<ns>\d+)-(?P<pid>\d+)\.[^.]+\.tmp")
 
 
@@ -84,6 +89,36 @@ def check_writable(folder: Path, setting: str) -> Path:
         ) from None
     remove_stale_temp_files(folder)
     return folder
+
+
+@contextmanager
+def claim(folder: Path, setting: str) -> Iterator[None]:
+    """Hold `folder` for this run: an advisory lock on `.reprotrain.lock` in it, released when
+    the process ends however it ends (the file is removed on the way out). If another live
+    run holds it, say so once: the two runs' outputs would overwrite each other."""
+    path = folder / LOCK_NAME
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            print(
+                f"reprotrain: warning: {setting}={str(folder)!r} is in use by another run "
+                f"({handle.read().strip() or 'another process'}); the two runs' outputs "
+                "overwrite each other: give each its own folder",
+                file=sys.stderr,
+                flush=True,
+            )
+            yield
+            return
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
 
 
 def _owner() -> str:

@@ -3,7 +3,9 @@
     python -m reprotrain.reproduce <run id>
     python -m reprotrain.reproduce <run id> --tracking-uri sqlite:////abs/mlflow.db
 
-The new run is recorded too (tag `reproduces` = the old run id). On CPU, with the same torch
+The new run is recorded too (tag `reproduces` = the old run id). The recorded config is
+read without resolvers that reach outside it (`${oc.env:...}`): a config.yaml that uses one
+is refused unless you pass --allow-resolvers. On CPU, with the same torch
 build and train.deterministic=true, the losses match bit for bit; the exit code is 0 when
 they do and 1 when they do not (the first differing step is printed).
 """
@@ -11,9 +13,11 @@ they do and 1 when they do not (the first differing step is printed).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -41,8 +45,47 @@ def recorded_config(client, run_id: str):
                 f"run {run_id} has no config.yaml artifact to reproduce from",
                 hint="only runs recorded by reprotrain.train can be reproduced",
             ) from None
-        tree = OmegaConf.load(path)
+        try:
+            tree = OmegaConf.load(path)
+        except Exception as error:  # YAML's and OmegaConf's own errors: a damaged artifact
+            raise DataError(
+                f"run {run_id}'s config.yaml artifact cannot be read "
+                f"({type(error).__name__}: {str(error).splitlines()[0][:160]})",
+                hint="it was changed after the run; reproduce another run, or re-run with "
+                "python -m reprotrain.train and the overrides of that run",
+            ) from None
     return run, tree
+
+
+RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")  # ${oc.env:NAME}, ${any_resolver:...}
+
+
+def outside_references(tree: Any, allow: bool) -> None:
+    """A recorded config resolves only within itself: an interpolation through a resolver
+    (`${oc.env:AWS_SECRET_ACCESS_KEY}`, a custom one) reaches outside it, and a tampered
+    artifact could use it to leak a secret into a run name. Refused unless `allow`."""
+    if allow:
+        return
+    found = [
+        (key, value)
+        for key, value in _leaves(OmegaConf.to_container(tree, resolve=False))
+        if isinstance(value, str) and RESOLVER.search(value)
+    ]
+    if found:
+        key, value = found[0]
+        raise DataError(
+            f"the recorded config.yaml reads from outside itself: {key}={value!r} "
+            f"({len(found)} such value{'s' if len(found) > 1 else ''})",
+            hint="check that artifact; if you trust it, pass --allow-resolvers",
+        )
+
+
+def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, dict):
+        return [leaf for key, child in node.items() for leaf in _leaves(child, f"{prefix}{key}.")]
+    if isinstance(node, list):
+        return [leaf for i, child in enumerate(node) for leaf in _leaves(child, f"{prefix}{i}.")]
+    return [(prefix.rstrip("."), node)]
 
 
 def losses(client, run_id: str) -> list[float]:
@@ -59,11 +102,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_id")
     parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--output-dir", default=None, help="default: outputs/reproduce/<run id>")
+    parser.add_argument(
+        "--allow-resolvers",
+        action="store_true",
+        help="resolve ${oc.env:...} and other resolvers in the recorded config (off: refused)",
+    )
     args = parser.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
     try:
         client = MlflowClient(uri)
         old, tree = recorded_config(client, args.run_id)
+        outside_references(tree, args.allow_resolvers)
         tree.tracking.uri = uri
         tree.tracking.run_name = f"reproduce-{args.run_id[:8]}"
         tree.train.output_dir = args.output_dir or f"outputs/reproduce/{args.run_id}"

@@ -30,6 +30,7 @@ from reprotrain.provenance import count_parameters
 from reprotrain.schema import Config, as_dict
 from reprotrain.step import evaluate
 from reprotrain.timing import PHASES, training_flops_per_sample
+from reprotrain.tracking import redact
 
 MODEL_FORMAT = 2
 
@@ -83,7 +84,7 @@ def finish(
     tracked.log_metrics(summary_metrics(result), step=total)
     result.update(
         run_id=tracked.run_id,
-        tracking_uri=tracking_uri,
+        tracking_uri=redact(tracking_uri) if tracking_uri else None,
         device=info.type,
         device_name=info.name,
     )
@@ -126,6 +127,8 @@ def write_outputs(
     config: Config, pieces: Pieces, fitted: Fitted, tracked: Any, out_dir: Path, info: DeviceInfo
 ) -> None:
     tree = as_dict(config)
+    if tree["tracking"]["uri"]:
+        tree["tracking"]["uri"] = redact(tree["tracking"]["uri"])  # an artifact: no password
     title = f"{info.name} · {type(pieces.model).__name__} · {type(pieces.optimizer).__name__}"
     saved = {
         "format": MODEL_FORMAT,

@@ -28,7 +28,14 @@ from reprotrain.errors import RuntimeEnvError, UserError
 from reprotrain.project import default_tracking_uri, find_root, git_state
 from reprotrain.schema import Config, as_dict
 from reprotrain.stopping import Interrupted
-from reprotrain.tracking import check_store, ensure_experiment, owner_tags, prepare_store, sweep
+from reprotrain.tracking import (
+    check_store,
+    ensure_experiment,
+    owner_tags,
+    prepare_store,
+    redact,
+    sweep,
+)
 from reprotrain.tracking.orphans import CONTAINER_NAME_ENV
 
 CONTAINER_ENV = "REPROTRAIN_IN_CONTAINER"
@@ -119,7 +126,8 @@ def run_in_docker(config: Config) -> dict[str, Any]:
     )
     code = 1  # if run_container itself fails, the run still ends FAILED
     try:
-        code = run_container(command, kind=kind)
+        secrets = {k: v for k, v in env.items() if redact(v) != v}
+        code = run_container(command, kind=kind, secrets=secrets)
     finally:
         config_file.unlink(missing_ok=True)
         if run_id:
@@ -168,6 +176,8 @@ def write_launch_config(root: Path, config: Config) -> Path:
     path = folder / f"run-{uuid.uuid4().hex[:12]}.yaml"
     tree = as_dict(config)
     tree["runtime"]["mode"] = "local"  # inside the container: train, don't launch again
+    if tree["tracking"]["uri"] and redact(tree["tracking"]["uri"]) != tree["tracking"]["uri"]:
+        tree["tracking"]["uri"] = None  # a password stays off disk: MLFLOW_TRACKING_URI has it
     path.write_text(OmegaConf.to_yaml(OmegaConf.create(tree)))
     return path
 

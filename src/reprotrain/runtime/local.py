@@ -29,7 +29,7 @@ from reprotrain.data import make_batches
 from reprotrain.devices import describe_device, resolve_device, set_threads
 from reprotrain.errors import DeviceError, TrackingError
 from reprotrain.loop import TIMING_KEYS, Fitted, fit
-from reprotrain.outputs import check_writable
+from reprotrain.outputs import check_writable, claim
 from reprotrain.project import default_tracking_uri
 from reprotrain.provenance import count_parameters, run_name, run_tags
 from reprotrain.results import finish
@@ -43,12 +43,20 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
     """Train once as `config` says; returns the metrics written to metrics.json."""
     device = resolve_device(config.device.type, config.device.index)  # before any run exists
     fastpaths.check(config.train, device)
-    set_threads(config.train.threads)
-    seed_everything(config.train.seed, config.train.deterministic, device)
     out_dir = check_writable(
         Path(config.train.output_dir or "outputs/runs/latest"), "train.output_dir"
     )
     check_writable(Path(config.train.checkpoint_dir), "train.checkpoint_dir")  # also on Ctrl-C
+    with claim(out_dir, "train.output_dir"):  # another run writing there is a warning
+        return train_into(config, device, out_dir, runtime, varied or [])
+
+
+def train_into(
+    config: Config, device: torch.device, out_dir: Path, runtime: str, varied: list[str]
+) -> dict[str, Any]:
+    """Seed, build, check the store, train and finish: `run` after its checks."""
+    set_threads(config.train.threads)
+    seed_everything(config.train.seed, config.train.deterministic, device)
     uri = config.tracking.uri or default_tracking_uri()
     if config.tracking.enabled:
         check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
@@ -77,7 +85,7 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
         TrackedRun(
             uri,
             config.tracking.experiment,
-            run_name(config, pieces, device, varied or []),
+            run_name(config, pieces, device, varied),
             {**info.as_tags(), **run_tags(config, pieces, runtime)},
             flatten(as_dict(config)),
             config.tracking.flush_every_s,
@@ -152,9 +160,14 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
             uri if config.tracking.enabled else None,
         )
     if config.tracking.enabled:
+        where = (
+            f"its record waits in {tracker.waiting} (python -m reprotrain.replay sends it)"
+            if tracker.waiting
+            else f"browse it with: mlflow ui --backend-store-uri {redact(uri)}"
+        )
         print(
-            f"reprotrain: run {result['run_id']} FINISHED (experiment {config.tracking.experiment!r}); "
-            f"outputs in {out_dir}; browse it with: mlflow ui --backend-store-uri {uri}",
+            f"reprotrain: run {result['run_id']} FINISHED (experiment "
+            f"{config.tracking.experiment!r}); outputs in {out_dir}; {where}",
             file=sys.stderr,
             flush=True,
         )

@@ -20,10 +20,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from reprotrain.errors import TrackingError
 from reprotrain.tracking.mlflow_model import log_pytorch_model, logged_model_of
 from reprotrain.tracking.orphans import owner_tags, sweep
 from reprotrain.tracking.recorder import (
@@ -33,13 +35,20 @@ from reprotrain.tracking.recorder import (
     describe_error,
     end_status,
 )
-from reprotrain.tracking.spool import Spool, is_unreachable
+from reprotrain.tracking.spool import (
+    Spool,
+    is_unreachable,
+    quiet_store_errors,
+    unavailable_reason,
+)
 from reprotrain.tracking.store import ensure_experiment, prepare_store, redact
 
 RUN_ID_ENV = "REPROTRAIN_RUN_ID"  # a launcher that created the run hands it to the container
 MAX_PARAMS = 100  # MLflow's limit of params per log_batch call
 MAX_TEXT = 5000  # MLflow's limit of a tag value's length
 MAX_PARAM_TEXT = 6000  # MLflow's limit of a param value's length
+OPEN_WAIT_S = 60.0  # how long opening the run waits for a locked or restarting store
+RETRY_AFTER_S = 10.0  # after a failed write, records go straight to the spool this long
 
 
 class TrackedRun:
@@ -76,6 +85,8 @@ class TrackedRun:
             # MLflow retries a dead server for minutes per call; fail fast and spool instead.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        if redact(uri) != uri:  # MLflow prints run links with the URI as given: not this one
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.tags, self.params, self.flush_every_s = tags, params, flush_every_s
         self.resume_run_id, self.spool_dir = resume_run_id, spool_dir
@@ -86,6 +97,8 @@ class TrackedRun:
         self._run_id = ""
         self._error: BaseException | None = None
         self.present: set[tuple[str, int]] = set()  # (key, step) the store has (resumed runs)
+        self._created = ""  # the run _open_once created, kept across its retries
+        self._retry_at = 0.0  # after a failure, the store is tried again from then (_resting)
 
     def __enter__(self) -> TrackedRun:
         return self
@@ -97,35 +110,63 @@ class TrackedRun:
 
     def _open(self) -> None:
         try:
-            from mlflow.entities import Param, RunTag
             from mlflow.tracking import MlflowClient
 
-            prepare_store(self.uri)
-            client = MlflowClient(self.uri)
-            run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "")
-            if self.resume_run_id:  # a resumed run continues the same MLflow run
-                self.present = recorded_steps(client, run_id)
-                if "error" in client.get_run(run_id).data.tags:  # the stopped try's reason
-                    client.delete_tag(run_id, "error")
-                client.update_run(run_id, status="RUNNING")
-                self.params = {}  # logged when it started; MLflow params cannot change
-            elif not run_id:
-                experiment_id = ensure_experiment(client, self.experiment)
-                run_id = client.create_run(experiment_id, run_name=self.run_name).info.run_id
-            if self.spool_dir is not None:
-                self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
-            tags = [RunTag(k, str(v)[:MAX_TEXT]) for k, v in {**self.tags, **owner_tags()}.items()]
-            params = [Param(k, _param_text(v)) for k, v in self.params.items()]
-            for i in range(0, max(len(params), 1), MAX_PARAMS):
-                client.log_batch(
-                    run_id, params=params[i : i + MAX_PARAMS], tags=tags if i == 0 else []
+            quiet_store_errors()
+            deadline = time.monotonic() + OPEN_WAIT_S
+            while True:  # a store locked by another process, or restarting, gets a while
+                try:
+                    prepare_store(self.uri)
+                    self._open_once(MlflowClient(self.uri))
+                    break
+                except Exception as error:
+                    if not is_unreachable(error) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(1.0)
+        except Exception as error:  # handed to the main thread by ready()
+            self._error = (
+                TrackingError(
+                    f"tracking store {redact(self.uri)} could not be opened within "
+                    f"{OPEN_WAIT_S:g}s ({unavailable_reason(error)})",
+                    hint="stop what holds it locked or start the server, or run with "
+                    "tracking.enabled=false",
                 )
-            self._client, self._run_id = client, run_id
-        except BaseException as error:  # handed to the main thread by ready()
+                if is_unreachable(error)
+                else error
+            )
+            return
+        except BaseException as error:
             self._error = error
             return
+        client, run_id = self._client, self._run_id
         # Runs of this experiment left RUNNING by a process that is gone end KILLED now.
         sweep(client, [self._experiment_id(run_id)], exclude=run_id)
+
+    def _open_once(self, client: Any) -> None:
+        """Open (or continue) the run and record its tags and params; safe to call again
+        after a failure part-way (the run is created once)."""
+        from mlflow.entities import Param, RunTag
+
+        run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "") or self._created
+        if self.resume_run_id:  # a resumed run continues the same MLflow run
+            self.present = recorded_steps(client, run_id)
+            if "error" in client.get_run(run_id).data.tags:  # the stopped try's reason
+                client.delete_tag(run_id, "error")
+            client.update_run(run_id, status="RUNNING")
+            self.params = {}  # logged when it started; MLflow params cannot change
+        elif not run_id:
+            experiment_id = ensure_experiment(client, self.experiment)
+            run_id = client.create_run(experiment_id, run_name=self.run_name).info.run_id
+            self._created = run_id
+        if self.spool_dir is not None:
+            self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
+        tags = [
+            RunTag(k, redact(str(v))[:MAX_TEXT]) for k, v in {**self.tags, **owner_tags()}.items()
+        ]
+        params = [Param(k, _param_text(v)) for k, v in self.params.items()]
+        for i in range(0, max(len(params), 1), MAX_PARAMS):
+            client.log_batch(run_id, params=params[i : i + MAX_PARAMS], tags=tags if i == 0 else [])
+        self._client, self._run_id = client, run_id
 
     def _experiment_id(self, run_id: str) -> str:
         return self._client.get_run(run_id).info.experiment_id
@@ -161,6 +202,9 @@ class TrackedRun:
             self.client.set_tag(self.run_id, key, str(value)[:MAX_TEXT])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if self._resting():
+            self.spool.append({"artifact": str(Path(path).resolve())})  # type: ignore[union-attr]
+            return
         try:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
         except Exception as error:
@@ -173,6 +217,8 @@ class TrackedRun:
         server is away (the run's other artifacts are spooled; the model is not), or if a
         resumed run's earlier try already logged it."""
         try:
+            if self._resting():
+                raise ConnectionError(f"the tracking store {redact(self.uri)} failed just now")
             if self.resume_run_id and logged_model_of(self.client, self.run_id) is not None:
                 return None  # a try killed in its final phase logged it: once per run
             return log_pytorch_model(
@@ -183,11 +229,16 @@ class TrackedRun:
                 raise
             print(
                 f"reprotrain: warning: the MLflow Model of run {self._run_id} was not logged: "
-                f"the tracking server {self.uri} is away",
+                f"the tracking store {redact(self.uri)} is unavailable",
                 file=sys.stderr,
                 flush=True,
             )
             return None
+
+    @property
+    def waiting(self) -> Path | None:
+        """The spool file still holding part of the run's record, if any (replay sends it)."""
+        return self.spool.path if self.spool is not None and self.spool.pending() else None
 
     def unsent(self) -> list[Point]:
         """Points logged but not yet sent (or spooled): a checkpoint keeps them, so a resume
@@ -208,19 +259,30 @@ class TrackedRun:
         # one log_batch call of more would leave part stored and all of it spooled.
         for i in range(0, len(points), MAX_BATCH):
             chunk = points[i : i + MAX_BATCH]
+            record = {"metrics": [list(point) for point in chunk]}
+            if self._resting():
+                self.spool.append(record)  # type: ignore[union-attr]
+                continue
             try:
                 if self.spool is not None and self.spool.pending():
                     self.spool.send(self._client)  # what waited goes first: the order is kept
                 self._client.log_batch(self._run_id, metrics=[Metric(*point) for point in chunk])
             except Exception as error:
-                self._keep_for_later(error, {"metrics": [list(point) for point in chunk]})
+                self._keep_for_later(error, record)
+
+    def _resting(self) -> bool:
+        """True while the store is left alone after a failure: a locked sqlite store makes
+        each write wait MLflow's busy timeout (20 s), so training would crawl if every flush
+        tried again. Records go straight to the spool until then."""
+        return self.spool is not None and time.monotonic() < self._retry_at
 
     def _keep_for_later(self, error: Exception, record: dict[str, Any]) -> None:
-        """Spool the record if the server is away; anything else is a real error."""
+        """Spool the record if the store is unavailable; anything else is a real error."""
         if self.spool is None or not is_unreachable(error):
             raise error
         self.spool.append(record)
         self.spool.warn_once(error)
+        self._retry_at = time.monotonic() + RETRY_AFTER_S
 
     def __exit__(
         self,
@@ -267,5 +329,5 @@ def recorded_steps(client: Any, run_id: str) -> set[tuple[str, int]]:
 
 
 def _param_text(value: Any) -> str:
-    text = "null" if value is None else str(value)
+    text = "null" if value is None else redact(str(value))  # no password in the store
     return text[:MAX_PARAM_TEXT]

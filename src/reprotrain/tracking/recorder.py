@@ -46,6 +46,7 @@ class NoRun:
     """tracking.enabled=false: the same interface, nothing recorded."""
 
     run_id = ""
+    waiting = None
 
     def __enter__(self) -> NoRun:
         return self

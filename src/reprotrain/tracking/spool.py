@@ -15,6 +15,7 @@ than refusing the whole file.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ UNREACHABLE_MARKERS = (
     "ConnectionError",
     "Read timed out",
 )
+MLFLOW_DB_LOGGER = "mlflow.store.db.utils"
 # How sqlite (through MLflow's SQLAlchemy store) words a store that cannot take a write now:
 # locked by another process past the busy timeout, deleted or replaced under the run, full.
 STORE_UNAVAILABLE_MARKERS = (
@@ -44,6 +46,30 @@ STORE_UNAVAILABLE_MARKERS = (
     "disk I/O error",
     "database or disk is full",
 )
+
+
+class QuietUnavailable(logging.Filter):
+    """MLflow's SQLAlchemy store logs a traceback for each failed write before raising it; a
+    store that is only unavailable for now (spooled, said once) is not worth one per flush."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(marker in text for marker in STORE_UNAVAILABLE_MARKERS)
+
+
+def quiet_store_errors() -> None:
+    """Install QuietUnavailable on MLflow's database logger (once)."""
+    logger = logging.getLogger(MLFLOW_DB_LOGGER)
+    if not any(isinstance(f, QuietUnavailable) for f in logger.filters):
+        logger.addFilter(QuietUnavailable())
+
+
+def unavailable_reason(error: BaseException) -> str:
+    """The line of an error's text that says why the store is unavailable (MLflow and
+    SQLAlchemy wrap sqlite's reason in several lines)."""
+    lines = str(error).splitlines() or [type(error).__name__]
+    markers = UNREACHABLE_MARKERS + STORE_UNAVAILABLE_MARKERS
+    return next((line for line in lines if any(m in line for m in markers)), lines[0])[:160]
 
 
 def is_unreachable(error: BaseException) -> bool:
@@ -97,7 +123,7 @@ class Spool:
     def warn_once(self, error: BaseException) -> None:
         if not self.warned:
             self.warned = True
-            reason = str(error).splitlines()[0][:160]
+            reason = unavailable_reason(error)
             print(
                 f"reprotrain: warning: tracking store {redact(self.uri)} cannot take the run's "
                 f"record now ({reason}); training goes on, the record is kept in {self.path} "

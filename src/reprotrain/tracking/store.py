@@ -12,10 +12,12 @@ the store, and a disabled tracking run, never pay for it.
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import re
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,16 @@ def check_store(uri: str, timeout_s: float) -> None:
 
 
 def _check_server(uri: str, timeout_s: float) -> None:
-    url = uri.rstrip("/") + "/health"
+    parts = urllib.parse.urlsplit(uri)
+    request = urllib.request.Request(  # noqa: S310 - http(s) only, checked by the caller
+        urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+        + "/health"
+    )
+    if parts.username is not None:  # user:password@ in the URI, sent as MLflow sends it
+        token = f"{parts.username}:{parts.password or ''}".encode()
+        request.add_header("Authorization", f"Basic {base64.b64encode(token).decode()}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
             if response.status == 200:
                 return
             problem = f"HTTP {response.status}"

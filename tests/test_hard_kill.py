@@ -1,0 +1,389 @@
+"""Nothing lost: kill -9 at any moment, a store another process holds locked or deletes,
+damaged spool files, planted secrets (real processes, signals, sqlite stores and servers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, Store, child_env, start_training, train, wait_for_losses
+from test_reliability import MlflowServer
+
+KILLABLE = [
+    "train.steps=1500",
+    "train.log_every=10",
+    "train.checkpoint_every=100",
+    "train.progress=lines",
+    "tracking.flush_every_s=0.5",
+    "data.num_samples=2048",
+]
+
+
+def ready_store(folder: Path) -> Store:
+    """A store whose schema exists before a child and this test both open it (the test's
+    reads would otherwise race the child's creation of the tables)."""
+    from reprotrain.tracking import prepare_store
+
+    store = Store(folder)
+    prepare_store(store.uri)
+    return store
+
+
+def module(cwd: Path, name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m reprotrain.<name> ARGS` in cwd."""
+    return subprocess.run(
+        [PYTHON, "-m", f"reprotrain.{name}", *args],
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def steps_recorded(store: Store, run_id: str, key: str = "train/loss") -> list[int]:
+    return sorted(m.step for m in store.client.get_metric_history(run_id, key))
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the run ended before it could be killed there"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.02)
+
+
+def dead_pid() -> int:
+    """A PID that belonged to a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path: Path) -> None:
+    store = ready_store(tmp_path)
+    proc = start_training(tmp_path, store.uri, *KILLABLE)
+    wait_for_losses(store, 350, proc)  # past a checkpoint, with points sent after it
+    proc.kill()
+    proc.wait(timeout=30)
+    run_id = store.only_run().info.run_id
+    assert store.only_run().info.status == "RUNNING"  # what kill -9 leaves
+
+    listed = module(tmp_path, "runs", "--tracking-uri", store.uri)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{run_id}" in listed.stdout and "orphaned" in listed.stdout
+    assert store.only_run().info.status == "RUNNING"  # listing changes nothing
+    cleaned = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert f"continue it with: python -m reprotrain.train train.resume={run_id}" in cleaned.stdout
+    run = store.only_run()
+    assert run.info.status == "KILLED" and "is gone" in run.data.tags["reprotrain.ended_by"]
+
+    resumed = train(tmp_path, store, *KILLABLE, f"train.resume={run_id}")
+    assert "Traceback" not in resumed.stderr
+    run = store.only_run()
+    assert run.info.status == "FINISHED" and "error" not in run.data.tags
+    assert steps_recorded(store, run_id) == list(range(1, 1501))  # each step exactly once
+    windows = steps_recorded(store, run_id, "time/step_ms")
+    assert len(windows) == len(set(windows))  # no window's point twice either
+    csv_losses = (tmp_path / "results" / "loss.csv").read_text().splitlines()[1:]
+    assert [float(line.split(",")[1]) for line in csv_losses] == pytest.approx(
+        [value for _, value in store.losses(run_id)], rel=1e-5
+    )  # loss.csv keeps 6 significant digits
+
+
+def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
+    tmp_path: Path,
+) -> None:
+    store = ready_store(tmp_path)
+    out = tmp_path / "results"
+    out.mkdir()
+    namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    stale = out / f".model.pt.{namespace}-{dead_pid()}.x1y2z3.tmp"  # a killed write's leftover
+    stale.write_bytes(b"half")
+    proc = start_training(tmp_path, store.uri, *KILLABLE)
+    wait_for(out / "config.yaml", proc)  # the final phase's first output
+    proc.kill()
+    proc.wait(timeout=30)
+    assert not (out / "metrics.json").exists()  # killed before the end
+    run_id = store.only_run().info.run_id
+
+    finished = train(tmp_path, store, *KILLABLE, "train.resume=last")
+    assert not re.search(r"step \d+/1500", finished.stderr)  # no step trained again
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    assert steps_recorded(store, run_id) == list(range(1, 1501))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["run_id"] == run_id and metrics["samples_per_s"] > 0  # the killed try's
+    assert not stale.exists() and not list(out.glob(".*.tmp"))
+    experiment = store.client.get_experiment_by_name("reprotrain").experiment_id
+    models = store.client.search_logged_models([experiment])
+    assert [m.name for m in models if m.source_run_id == run_id] == ["model"]
+
+    again = train(tmp_path, store, *KILLABLE, "train.resume=last", check=False)
+    assert (
+        again.returncode == 2 and "is FINISHED" in again.stderr and "Traceback" not in again.stderr
+    )
+
+
+def test_live_and_foreign_runs_are_left_running(tmp_path: Path, store: Store) -> None:
+    """Only a provably gone owner ends a run: this live process's run and another host's
+    stay RUNNING; a dead PID on this host, or a reused one, end KILLED."""
+    from reprotrain.tracking import ensure_experiment, owner_tags
+
+    client = store.client
+    experiment = ensure_experiment(client, "reprotrain")
+    live = owner_tags()
+    cases = {
+        "live": live,
+        "other-host": {**live, "reprotrain.host": "elsewhere.example"},
+        "dead": {**live, "reprotrain.pid": str(dead_pid())},
+        "reused": {**live, "reprotrain.pid_started": "1000.00"},
+        "untagged": {},
+    }
+    ids = {
+        name: client.create_run(experiment, run_name=name, tags=tags).info.run_id
+        for name, tags in cases.items()
+    }
+    result = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+    assert result.returncode == 0, result.stderr
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert status == {
+        "live": "RUNNING",
+        "other-host": "RUNNING",
+        "dead": "KILLED",
+        "reused": "KILLED",
+        "untagged": "RUNNING",
+    }
+    assert "runs: 5 RUNNING" in result.stdout and "2 marked KILLED" in result.stdout
+
+
+def test_two_runs_sharing_an_output_folder_are_warned(tmp_path: Path) -> None:
+    store = ready_store(tmp_path)
+    first = start_training(tmp_path, store.uri, *KILLABLE)
+    try:
+        wait_for_losses(store, 50, first)
+        second = train(tmp_path, store, "experiment=smoke")  # the same results/ folder
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert f"train.output_dir='{tmp_path / 'results'}' is in use by another run" in second.stderr
+    assert f"pid {first.pid}" in second.stderr
+
+
+def hold_write_lock(db: Path, seconds: float, locked: threading.Event) -> None:
+    connection = sqlite3.connect(db, isolation_level=None, timeout=60)
+    connection.execute("BEGIN EXCLUSIVE")  # what another tool writing to the store does
+    locked.set()
+    time.sleep(seconds)
+    connection.execute("COMMIT")
+    connection.close()
+
+
+def test_store_locked_by_another_process_loses_nothing(tmp_path: Path) -> None:
+    store = ready_store(tmp_path)
+    steps = ["train.steps=6000", *KILLABLE[1:]]
+    proc = start_training(tmp_path, store.uri, *steps)
+    wait_for_losses(store, 200, proc)
+    locked = threading.Event()
+    holder = threading.Thread(target=hold_write_lock, args=(store.path, 30, locked))
+    holder.start()
+    locked.wait(30)
+    assert proc.poll() is None, "the run ended before the store was locked"
+    holder.join()
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-5000:]
+    assert stderr.count("database is locked") == 1  # said once
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    assert steps_recorded(store, run.info.run_id) == list(range(1, 6001))
+
+
+def test_store_deleted_mid_run_keeps_the_record_and_says_how_to_send_it(tmp_path: Path) -> None:
+    store = ready_store(tmp_path)
+    steps = ["train.steps=4000", *KILLABLE[1:]]
+    proc = start_training(tmp_path, store.uri, *steps)
+    wait_for_losses(store, 200, proc)
+    run_id = store.only_run().info.run_id
+    store.path.unlink()
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-5000:]
+    spooled = tmp_path / "results" / "spool" / f"{run_id}.jsonl"
+    assert f"python -m reprotrain.replay {spooled}" in stderr
+    assert spooled.is_file() and (tmp_path / "results" / "metrics.json").is_file()
+    replay = module(tmp_path, "replay", str(spooled))  # the store now lacks the run
+    assert replay.returncode == 2 and "Traceback" not in replay.stderr
+    assert f"to run {run_id}" in replay.stderr and "fix:" in replay.stderr
+    assert spooled.is_file()  # nothing was sent: nothing left the file
+
+
+@pytest.mark.parametrize(
+    "damage,expected",
+    [
+        ("cut-last-line", "sent 3 metric points"),
+        ("garbage-line", "line 3, is not a spool record"),
+        ("bad-header", "has no valid header"),
+    ],
+)
+def test_damaged_spool_file(tmp_path: Path, store: Store, damage: str, expected: str) -> None:
+    from reprotrain.tracking import Spool, ensure_experiment
+
+    client = store.client
+    run_id = client.create_run(ensure_experiment(client, "reprotrain")).info.run_id
+    spool = Spool(tmp_path / f"{run_id}.jsonl", store.uri, run_id)
+    spool.append({"metrics": [["train/loss", 1.0 / s, 1_000 + s, s] for s in (1, 2, 3)]})
+    spool.append({"metrics": [["train/loss", 0.2, 2_000, 4]]})
+    text = spool.path.read_text()
+    lines = text.splitlines(keepends=True)
+    if damage == "cut-last-line":  # what a kill during an append leaves
+        spool.path.write_text(text[:-9])
+    elif damage == "garbage-line":
+        spool.path.write_text(lines[0] + lines[1] + "\x00\x01 not json\n" + lines[2])
+    else:
+        spool.path.write_text("nonsense\n" + "".join(lines[1:]))
+    result = module(tmp_path, "replay", str(spool.path))
+    assert "Traceback" not in result.stderr
+    if damage == "cut-last-line":
+        assert result.returncode == 0, result.stderr
+        assert expected in result.stdout and "was cut short" in result.stderr
+        assert [s for s, _ in store.losses(run_id)] == [1, 2, 3]
+    else:
+        assert result.returncode == 2 and expected in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_resume_of_a_run_not_in_the_store_fails_before_training(tmp_path: Path) -> None:
+    first = Store(tmp_path / "a")
+    (tmp_path / "a").mkdir()
+    train(tmp_path, first, "experiment=smoke", "train.checkpoint_dir=ck")
+    other = Store(tmp_path / "b")
+    (tmp_path / "b").mkdir()
+    result = train(
+        tmp_path, other, "experiment=smoke", "train.checkpoint_dir=ck", "train.steps=40",
+        "train.resume=last", check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "is not in the tracking store" in result.stderr and "step 1/" not in result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_password_in_the_tracking_uri_is_recorded_nowhere(tmp_path: Path) -> None:
+    """A password in tracking.uri reaches the server (it is sent as HTTP basic auth) and
+    no message, param, tag, artifact or output file."""
+    folder = tmp_path / "server"
+    folder.mkdir()
+    server = MlflowServer(folder)
+    server.start()
+    try:
+        planted = "planted-s3cr3t-0b7e"
+        uri = server.uri.replace("http://", f"http://ci:{planted}@")
+        result = train(tmp_path, Store(folder), "experiment=smoke", f"tracking.uri={uri}")
+        bad = train(tmp_path, Store(folder), "experiment=smoke",
+                    f"tracking.uri=http://ci:{planted}@127.0.0.1:{free_port()}", check=False)  # fmt: skip
+    finally:
+        server.stop()
+    assert bad.returncode != 0 and "ci:***@" in bad.stderr
+    for text in (result.stdout, result.stderr, bad.stdout, bad.stderr):
+        assert planted not in text
+    leaks = [
+        str(path)
+        for root in (folder, tmp_path / "results", tmp_path / "outputs")
+        for path in root.rglob("*")
+        if path.is_file() and planted.encode() in path.read_bytes()
+    ]
+    assert leaks == []
+    run = Store(folder).only_run()
+    assert run.data.params["tracking.uri"].startswith("http://ci:***@")
+
+
+def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
+    tmp_path: Path, store: Store
+) -> None:
+    from reprotrain.tracking import ensure_experiment
+
+    client = store.client
+    planted = "planted-secret-4411"
+    cases = {
+        "leak": "experiment: leak-${oc.env:PLANTED_SECRET}\n",
+        "tag": "train: !!python/object:os.system {}\n",
+    }
+    for name, text in cases.items():
+        run_id = client.create_run(ensure_experiment(client, "reprotrain")).info.run_id
+        config = tmp_path / name / "config.yaml"
+        config.parent.mkdir()
+        config.write_text(text)
+        client.log_artifact(run_id, str(config))
+        env = child_env(PLANTED_SECRET=planted)
+        result = subprocess.run(
+            [PYTHON, "-m", "reprotrain.reproduce", run_id, "--tracking-uri", store.uri],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert planted not in result.stderr and "fix:" in result.stderr
+    names = [e.name for e in client.search_experiments()]
+    assert not any(planted in name for name in names)
+
+
+@pytest.mark.slow
+def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
+    """N runs, each killed with SIGKILL at a seeded random moment of a clean run's length
+    (training, checkpoint, final phase, or after the end), each followed by the documented
+    recovery: `python -m reprotrain.runs --clean`, then `train.resume=<run id>` for a run it
+    ended. At the end no run is RUNNING and every FINISHED one has every step exactly once."""
+    runs, steps = 5, 1200
+    overrides = [f"train.steps={steps}", *KILLABLE[1:], "train.progress=off"]
+    store = ready_store(tmp_path)
+    began = time.monotonic()
+    train(tmp_path, store, *overrides, f"train.output_dir={tmp_path / 'clean'}")
+    length = time.monotonic() - began
+    rng = random.Random(12)
+    moments, recovered, points_lost = [], 0, 0
+    for i in range(runs):
+        out = f"train.output_dir={tmp_path / f'run{i}'}"
+        proc = start_training(tmp_path, store.uri, *overrides, out)
+        moment = rng.uniform(0.2, 1.1) * length
+        moments.append(round(moment, 1))
+        time.sleep(moment)
+        proc.kill()
+        proc.wait(timeout=30)
+        cleaned = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+        assert cleaned.returncode == 0, cleaned.stderr
+        for line in cleaned.stdout.splitlines():
+            run_id = line.split()[0]
+            checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run_id}.pt"
+            if "continue it with:" in line and checkpoint.is_file():  # else: killed before one
+                train(tmp_path, store, *overrides, out, f"train.resume={run_id}")
+                recovered += 1
+    statuses = store.statuses()
+    assert "RUNNING" not in statuses and set(statuses) <= {"FINISHED", "KILLED"}
+    for run in store.runs():
+        if run.info.status == "FINISHED":
+            recorded = steps_recorded(store, run.info.run_id)
+            assert recorded == list(range(1, steps + 1)), run.info.run_id
+            points_lost += steps - len(set(recorded))
+    print(
+        f"\nchaos: {runs} runs killed at {moments} s (a clean run takes {length:.1f} s); "
+        f"{recovered} recovered by resume; statuses {sorted(statuses)}; points lost: {points_lost}"
+    )
