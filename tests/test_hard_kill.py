@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, Store, child_env, start_training, train, wait_for_losses
+from conftest import (
+    PYTHON,
+    Store,
+    _capability_skip,
+    child_env,
+    start_training,
+    train,
+    wait_for_losses,
+)
 from test_reliability import MlflowServer
 
 KILLABLE = [
@@ -228,6 +236,53 @@ def test_store_deleted_mid_run_keeps_the_record_and_says_how_to_send_it(tmp_path
     assert replay.returncode == 2 and "Traceback" not in replay.stderr
     assert f"to run {run_id}" in replay.stderr and "fix:" in replay.stderr
     assert spooled.is_file()  # nothing was sent: nothing left the file
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 16 MiB tmpfs to hold a store, filled up mid-run (mounting needs root, as CI has)."""
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if mount.returncode != 0:
+        _capability_skip(f"a full store needs a small tmpfs; mount failed: {mount.stderr.strip()}")
+    try:
+        yield folder
+    finally:  # lazily: this process's MLflow client may still hold the store open
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def test_store_on_a_full_disk_spools_then_replays_every_step_once(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    store = ready_store(small_disk)
+    steps = ["train.steps=4000", *KILLABLE[1:]]
+    proc = start_training(tmp_path, store.uri, *steps)
+    wait_for_losses(store, 200, proc)
+    run_id = store.only_run().info.run_id
+    filler = small_disk / "filler"
+    with open(filler, "wb") as handle:  # every byte left, as another writer would take it
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-5000:]
+    spooled = tmp_path / "results" / "spool" / f"{run_id}.jsonl"
+    assert f"python -m reprotrain.replay {spooled}" in stderr
+    filler.unlink()  # room again
+    replay = module(tmp_path, "replay", str(spooled))
+    assert replay.returncode == 0, replay.stderr
+    run = store.client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert steps_recorded(store, run_id) == list(range(1, 4001))
 
 
 @pytest.mark.parametrize(
