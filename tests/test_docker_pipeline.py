@@ -28,6 +28,7 @@ from conftest import (
     require_chromium,
     require_docker,
     run_app,
+    sh,
     wait_for_losses,
 )
 from userproject import user_project
@@ -493,3 +494,50 @@ def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
     for run in runs.values():
         assert run.info.status == "FINISHED" and run.data.tags["runtime"] == "docker-cpu"
         assert len(store.losses(run.info.run_id)) == 40
+
+
+def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_path: Path) -> None:
+    """kill -9 of the launcher leaves its container training: `runs --clean` leaves that run
+    alone; once the container is gone too, it ends the run KILLED."""
+    require_docker()
+    from reprotrain.tracking import prepare_store
+
+    repo = make_project(tmp_path / "project", runtime="docker")
+    store = Store(repo)
+    prepare_store(store.uri)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "reprotrain.train", *STOP_RESUME_RUN, "train.steps=60000"],
+        cwd=repo,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_losses(store, 100, proc, timeout=900)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, gone at once
+        proc.wait(timeout=30)
+    run = store.only_run()
+    name = run.data.tags["reprotrain.container"]
+    assert run.info.status == "RUNNING" and name.startswith("reprotrain-cpu-")
+
+    def clean() -> str:
+        result = sh(repo, PYTHON, "-m", "reprotrain.runs", "--clean", "--tracking-uri", store.uri)
+        return result.stdout
+
+    try:
+        assert "its owner is alive or unknown" in clean()  # the container still trains
+        assert store.only_run().info.status == "RUNNING"
+    finally:
+        subprocess.run(["docker", "kill", name], capture_output=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # --rm removes it once it has stopped
+        gone = subprocess.run(["docker", "container", "inspect", name], capture_output=True)
+        if gone.returncode != 0:
+            break
+        time.sleep(0.5)
+    said = clean()
+    assert f"its container {name} is gone; marked KILLED" in said
+    assert f"train.resume={run.info.run_id}" in said
+    assert store.only_run().info.status == "KILLED"
