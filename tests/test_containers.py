@@ -333,9 +333,30 @@ def test_broken_dockerfile_fails_naming_the_step(docker_engine, tmp_path: Path, 
     assert "\n" not in message
     assert "docker build of Dockerfile.cpu failed at step" in message
     assert failing_run in message and "(exit code 3)" in message
-    assert "lines of the build output:" in capfd.readouterr().err  # its tail came first
+    err = capfd.readouterr().err
+    assert "lines of the build output (full log: " in err  # its tail came first
+    log = tmp_path / "outputs" / "logs" / "build-cpu.log"
+    assert "deliberate failure" in log.read_text()  # and all of it is kept
     tag = f"reprotrain:cpu-{image_inputs_digest(tmp_path, 'cpu')}"
     assert containers._image_id(tag) is None
+
+
+@pytest.mark.docker
+def test_unreachable_torch_index_names_the_build_args(docker_engine, tmp_path: Path, capfd):
+    """A machine that cannot reach PyTorch's index fails at the torch step, and the error
+    says which build args point the build at the wheel instead. The log shows one line per
+    step, not pip's output."""
+    project = copy_project(tmp_path, (ROOT / "Dockerfile.cpu").read_text())
+    args = {**containers._build_args(None), "TORCH_INDEX_URL": "http://127.0.0.1:9/simple"}
+    args["TORCH_FIND_LINKS"] = ""
+    with pytest.raises(RuntimeEnvError) as error:
+        ensure_image("cpu", project, build_args=args)
+    message = str(error.value)
+    assert "torch-cpu.txt" in message and "REPROTRAIN_BUILD_ARGS='TORCH_FIND_LINKS=" in message
+    err = capfd.readouterr().err
+    assert "reprotrain: build " in err  # a line per step
+    assert "Looking in indexes" not in err.split("lines of the build output")[0]  # not pip's
+    assert "Looking in indexes" in (project / "outputs" / "logs" / "build-cpu.log").read_text()
 
 
 @pytest.mark.docker

@@ -66,6 +66,12 @@ TOOLKIT_HINT = (
     "(sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker), "
     "or run on the CPU with device=cpu"
 )
+TORCH_HINT = (
+    "the CPU torch wheel comes from PyTorch's index by default; where that cannot be reached, "
+    "point the build at a folder or server holding the wheel: "
+    "REPROTRAIN_BUILD_ARGS='TORCH_FIND_LINKS=<URL with torch-*.whl> "
+    "TORCH_INDEX_URL=https://pypi.org/simple' (README: Containers)"
+)
 LOCAL_BASE_HINT = (
     "without a registry, build a local base with scripts/build-base-image.sh "
     "and set REPROTRAIN_BASE_IMAGE=reprotrain-base:bookworm"
@@ -179,7 +185,8 @@ def ensure_image(
     build_args: dict[str, str] | None = None,
     extra_build_flags: list[str] | None = None,
 ) -> ImageRef:
-    """Reuse reprotrain:{kind}-{digest} if it exists, else build it (output streamed to stderr).
+    """Reuse reprotrain:{kind}-{digest} if it exists, else build it (a line per step on stderr,
+    the whole log in <project>/outputs/logs/build-<kind>.log).
 
     Explicit build_args win over REPROTRAIN_BASE_IMAGE / REPROTRAIN_BUILD_ARGS.
     """
@@ -226,25 +233,46 @@ def _build(kind: str, root: Path, tag: str, args: dict[str, str], flags: list[st
     steps = _BuildSteps()
     # plain progress: BuildKit's interactive view is unreadable once piped.
     env = {**os.environ, "BUILDKIT_PROGRESS": "plain"}
-    with subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env
-    ) as proc:
+    log_path = root / "outputs" / "logs" / f"build-{kind}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The whole log goes to a file; the terminal (and `dvc exp run`) sees one line per step.
+    with (
+        open(log_path, "w", encoding="utf-8") as log,
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=env,
+        ) as proc,
+    ):
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stderr.write(line)
-            steps.feed(line.rstrip("\n"))
+            log.write(line)
+            if steps.feed(line.rstrip("\n")):
+                print(f"reprotrain: build {steps.current}"[:160], file=sys.stderr, flush=True)
     if proc.returncode == 0:
+        print(f"reprotrain: built {tag} (full log: {log_path})", file=sys.stderr, flush=True)
         return
-    print(f"reprotrain: last {len(steps.tail)} lines of the build output:", file=sys.stderr)
+    print(
+        f"reprotrain: last {len(steps.tail)} lines of the build output (full log: {log_path}):",
+        file=sys.stderr,
+    )
     for line in steps.tail:
         print(f"  {line}", file=sys.stderr)
     step = steps.failing_step()
     base_problem = "FROM" in step or "load metadata" in step
     if base_problem:  # the usual cause on a machine without a registry: say which base
         step += f" with BASE_IMAGE={args.get('BASE_IMAGE', 'the default')}"
+    hint = "read the build output above and fix that step"
+    if base_problem:
+        hint = LOCAL_BASE_HINT
+    elif "torch-cpu.txt" in step:  # the torch wheel, from PyTorch's index by default
+        hint = TORCH_HINT
     raise RuntimeEnvError(
         f"docker build of {dockerfile} failed at step {step!r} (exit code {proc.returncode})",
-        hint=LOCAL_BASE_HINT if base_problem else "read the build output above and fix that step",
+        hint=hint,
     )
 
 
@@ -261,15 +289,19 @@ class _BuildSteps:
         self.current = ""
         self.failed_id: str | None = None
 
-    def feed(self, line: str) -> None:
+    def feed(self, line: str) -> bool:
+        """Take one line of the log; True when it starts a step (a line worth showing)."""
         line = ANSI_ESCAPE.sub("", line)  # the legacy builder colours RUN's stderr
         self.tail.append(line)
         if match := self.LEGACY_STEP.match(line):
             self.current = f"{match.group(1)} {match.group(2)}"
-        elif match := self.BUILDKIT_STEP.match(line):
+            return True
+        if (match := self.BUILDKIT_STEP.match(line)) and match.group(1) not in self.headers:
             self.headers[match.group(1)] = self.current = match.group(2)
-        elif (match := self.BUILDKIT_ERROR.match(line)) and self.failed_id is None:
+            return True
+        if (match := self.BUILDKIT_ERROR.match(line)) and self.failed_id is None:
             self.failed_id = match.group(1)
+        return False
 
     def failing_step(self) -> str:
         step = self.headers.get(self.failed_id or "", self.current) or "unknown step"
