@@ -484,8 +484,8 @@ def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
     store = Store(repo)
     for overrides in (
         ["model=cnn", "data=digits_images"],
-        # experiment=null: the project's default preset (smoke) sizes the built-in data only
-        ["--config-dir", str(repo / "my_conf"), "model=tiny", "data=blobs", "experiment=null"],
+        # ~experiment: the project's default preset (smoke) sizes the built-in data only
+        ["--config-dir", str(repo / "my_conf"), "model=tiny", "data=blobs", "~experiment"],
     ):
         result = run_app(repo, *overrides, "device=cpu", "train.steps=40", timeout=1500)
         assert result.returncode == 0, result.stderr[-3000:]
