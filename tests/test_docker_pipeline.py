@@ -234,12 +234,9 @@ def test_run_page_in_chromium_shows_device_loss_chart_and_artifacts(
         browser.close()
 
 
-def stop_container_mid_run(
-    repo: Path, store: Store, how: str, losses: int, *overrides: str
-) -> tuple[int, str]:
-    """`python -m reprotrain.train OVERRIDES` in `repo`; once its run has `losses` losses,
-    `docker stop` / `docker kill` its container. Returns the launcher's exit code and stderr."""
-    proc = subprocess.Popen(
+def launch(repo: Path, *overrides: str) -> subprocess.Popen:
+    """`python -m reprotrain.train OVERRIDES` in `repo`, running on, in its own session."""
+    return subprocess.Popen(
         [PYTHON, "-m", "reprotrain.train", *overrides],
         cwd=repo,
         env=child_env(),
@@ -247,6 +244,14 @@ def stop_container_mid_run(
         text=True,
         start_new_session=True,
     )
+
+
+def stop_container_mid_run(
+    repo: Path, store: Store, how: str, losses: int, *overrides: str
+) -> tuple[int, str]:
+    """`python -m reprotrain.train OVERRIDES` in `repo`; once its run has `losses` losses,
+    `docker stop` / `docker kill` its container. Returns the launcher's exit code and stderr."""
+    proc = launch(repo, *overrides)
     try:
         wait_for_losses(store, losses, proc, timeout=900)  # the first call may build the image
         names = subprocess.run(  # the one container with this project mounted
@@ -505,14 +510,7 @@ def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_pa
     repo = make_project(tmp_path / "project", runtime="docker")
     store = Store(repo)
     prepare_store(store.uri)
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "reprotrain.train", *STOP_RESUME_RUN, "train.steps=60000"],
-        cwd=repo,
-        env=child_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = launch(repo, *STOP_RESUME_RUN, "train.steps=60000")
     try:
         wait_for_losses(store, 100, proc, timeout=900)
     finally:

@@ -35,7 +35,6 @@ UNREACHABLE_MARKERS = (
     "ConnectionError",
     "Read timed out",
 )
-MLFLOW_DB_LOGGER = "mlflow.store.db.utils"
 # How sqlite (through MLflow's SQLAlchemy store) words a store that cannot take a write now:
 # locked by another process past the busy timeout, deleted or replaced under the run, full.
 STORE_UNAVAILABLE_MARKERS = (
@@ -49,8 +48,8 @@ STORE_UNAVAILABLE_MARKERS = (
 
 
 class QuietUnavailable(logging.Filter):
-    """MLflow's SQLAlchemy store logs a traceback for each failed write before raising it; a
-    store that is only unavailable for now (spooled, said once) is not worth one per flush."""
+    """MLflow logs a traceback for each failed store write before raising it; a store that is
+    only unavailable for now (spooled, and said once) is not worth one per flush."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -58,10 +57,11 @@ class QuietUnavailable(logging.Filter):
 
 
 def quiet_store_errors() -> None:
-    """Install QuietUnavailable on MLflow's database logger (once)."""
-    logger = logging.getLogger(MLFLOW_DB_LOGGER)
-    if not any(isinstance(f, QuietUnavailable) for f in logger.filters):
-        logger.addFilter(QuietUnavailable())
+    """Install QuietUnavailable on the handlers MLflow gives its `mlflow` logger (records of
+    its modules reach them by propagation), once; after MLflow is imported."""
+    for handler in logging.getLogger("mlflow").handlers:
+        if not any(isinstance(f, QuietUnavailable) for f in handler.filters):
+            handler.addFilter(QuietUnavailable())
 
 
 def unavailable_reason(error: BaseException) -> str:
