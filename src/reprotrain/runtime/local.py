@@ -62,8 +62,11 @@ def train_into(
         check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
-    if resume_from and config.tracking.enabled:
-        check_resumable(config, resume_from, uri)  # before any step, not after the first flush
+    status = (  # the resumed run's, checked before any step, not after the first flush
+        resumed_status(config, resume_from, uri)
+        if resume_from and config.tracking.enabled
+        else None
+    )
     try:
         pieces = build(config, device)
     except (torch.OutOfMemoryError, RuntimeError) as error:
@@ -75,10 +78,8 @@ def train_into(
     total = config.train.steps or config.train.epochs * batches.batches_per_epoch
     start, losses = restore(resume_from, pieces)
     finishing = resume_from is not None and start >= total
-    if finishing and config.tracking.enabled:
-        status = run_status(uri, resume_from["run_id"])
-        if status == "FINISHED":
-            raise already_finished(config, resume_from, status)
+    if finishing and status == "FINISHED":
+        raise already_finished(config, resume_from, status)
     info = describe_device(device)
     startup_s = time.time() - psutil.Process().create_time()  # process start to first step
     tracker = (
@@ -174,14 +175,16 @@ def train_into(
     return result
 
 
-def check_resumable(config: Config, state: dict[str, Any], uri: str) -> None:
-    """The run a checkpoint belongs to must be in this store: say so before training."""
-    if run_status(uri, state["run_id"]) is None:
+def resumed_status(config: Config, state: dict[str, Any], uri: str) -> str:
+    """The status of the run a checkpoint belongs to, which must be in this store."""
+    status = run_status(uri, state["run_id"])
+    if status is None:
         raise TrackingError(
             f"train.resume={config.train.resume!r}: its run {state['run_id']} is not in the "
             f"tracking store {redact(uri)}",
             hint="set tracking.uri to the store the run was recorded in, or start a new run",
         )
+    return status
 
 
 def finished_fit(state: dict[str, Any], total: int) -> Fitted:
