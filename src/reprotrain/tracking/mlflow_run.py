@@ -98,6 +98,7 @@ class TrackedRun:
         self._error: BaseException | None = None
         self.present: set[tuple[str, int]] = set()  # (key, step) the store has (resumed runs)
         self._created = ""  # the run _open_once created, kept across its retries
+        self._experiment_id = ""
         self._retry_at = 0.0  # after a failure, the store is tried again from then (_resting)
 
     def __enter__(self) -> TrackedRun:
@@ -140,7 +141,7 @@ class TrackedRun:
             return
         client, run_id = self._client, self._run_id
         # Runs of this experiment left RUNNING by a process that is gone end KILLED now.
-        sweep(client, [self._experiment_id(run_id)], exclude=run_id)
+        sweep(client, [self._experiment_id], exclude=run_id)
 
     def _open_once(self, client: Any) -> None:
         """Open (or continue) the run and record its tags and params; safe to call again
@@ -148,16 +149,19 @@ class TrackedRun:
         from mlflow.entities import Param, RunTag
 
         run_id = self.resume_run_id or os.environ.get(RUN_ID_ENV, "") or self._created
-        if self.resume_run_id:  # a resumed run continues the same MLflow run
-            self.present = recorded_steps(client, run_id)
-            if "error" in client.get_run(run_id).data.tags:  # the stopped try's reason
-                client.delete_tag(run_id, "error")
-            client.update_run(run_id, status="RUNNING")
-            self.params = {}  # logged when it started; MLflow params cannot change
-        elif not run_id:
-            experiment_id = ensure_experiment(client, self.experiment)
-            run_id = client.create_run(experiment_id, run_name=self.run_name).info.run_id
+        if not run_id:
+            self._experiment_id = ensure_experiment(client, self.experiment)
+            run_id = client.create_run(self._experiment_id, run_name=self.run_name).info.run_id
             self._created = run_id
+        else:  # resumed, handed in by a launcher, or created by a try that failed part-way
+            run = client.get_run(run_id)
+            self._experiment_id = run.info.experiment_id
+            if self.resume_run_id:  # a resumed run continues the same MLflow run
+                self.present = recorded_steps(client, run)
+                if "error" in run.data.tags:  # the stopped try's reason
+                    client.delete_tag(run_id, "error")
+                client.update_run(run_id, status="RUNNING")
+                self.params = {}  # logged when it started; MLflow params cannot change
         if self.spool_dir is not None:
             self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
         tags = [
@@ -167,9 +171,6 @@ class TrackedRun:
         for i in range(0, max(len(params), 1), MAX_PARAMS):
             client.log_batch(run_id, params=params[i : i + MAX_PARAMS], tags=tags if i == 0 else [])
         self._client, self._run_id = client, run_id
-
-    def _experiment_id(self, run_id: str) -> str:
-        return self._client.get_run(run_id).info.experiment_id
 
     def ready(self) -> None:
         """Wait until the run is open; raise what opening it hit."""
@@ -322,10 +323,10 @@ class TrackedRun:
             )
 
 
-def recorded_steps(client: Any, run_id: str) -> set[tuple[str, int]]:
-    """Every (metric key, step) run `run_id` holds: what a resume must not send again."""
-    keys = client.get_run(run_id).data.metrics
-    return {(key, metric.step) for key in keys for metric in client.get_metric_history(run_id, key)}
+def recorded_steps(client: Any, run: Any) -> set[tuple[str, int]]:
+    """Every (metric key, step) `run` (an MLflow Run) holds: what a resume must not send."""
+    history = client.get_metric_history
+    return {(k, m.step) for k in run.data.metrics for m in history(run.info.run_id, k)}
 
 
 def _param_text(value: Any) -> str:
