@@ -35,7 +35,7 @@ store, out = sys.argv[1], sys.argv[2]
 client = MlflowClient(store)
 runs = {}
 for device in ("cuda", "cpu"):
-    metrics = json.load(open(f"{out}/{device}/metrics.json"))
+    metrics = json.load(open(f"{out}/{device}/run.json"))
     run = client.get_run(metrics["run_id"])
     assert run.info.status == "FINISHED", run.info.status
     runs[device] = (run, metrics)
@@ -50,6 +50,33 @@ ratio = runs["cpu"][1]["step_ms_median"] / runs["cuda"][1]["step_ms_median"]
 print(f"cuda step is {ratio:.2f}x the speed of the cpu step at batch 64 (reference MLP)")
 PYCHECK
 
+say "recorded timings on cuda do not depend on the run's length: 300 and 3000 steps, twice"
+for round in 1 2; do
+    for steps in 300 3000; do
+        "$PY" -m reprotrain.train runtime=local device=cuda train.steps="$steps" \
+            train.progress=off tracking.uri="$STORE" tracking.log_model=false \
+            tracking.run_name="gpu-check-length-$steps" train.output_dir="$OUT/length-$steps-$round"
+    done
+done
+"$PY" - "$OUT" <<'PYLENGTH'
+import json, statistics, sys
+runs = {n: [json.load(open(f"{sys.argv[1]}/length-{n}-{r}/run.json")) for r in (1, 2)] for n in (300, 3000)}
+phases = ("data_to_device", "forward", "backward", "optimizer")
+ok = True
+for n, recorded in runs.items():
+    for m in recorded:
+        total = sum(m[f"{p}_ms_mean"] for p in phases)
+        close = abs(total / m["step_ms_median"] - 1) <= 0.10
+        ok &= close
+        print(f"{n} steps: {m['samples_per_s']:,.0f} samples/s, phase means {total:.4f} ms "
+              f"against a median step of {m['step_ms_median']:.4f} ms ({'within' if close else 'NOT within'} 10%)")
+short, long = (statistics.median(m["samples_per_s"] for m in runs[n]) for n in runs)
+close = abs(short / long - 1) <= 0.10
+ok &= close
+print(f"samples/s, 300 steps / 3000 steps: {short / long:.3f} ({'within' if close else 'NOT within'} 10%)")
+sys.exit(0 if ok else 1)
+PYLENGTH
+
 say "the CNN on the digits as images, with a cosine schedule, on cuda; loaded back through MLflow"
 "$PY" -m reprotrain.train runtime=local device=cuda model=cnn data=digits_images scheduler=cosine \
     train.steps=300 train.progress=off tracking.uri="$STORE" tracking.run_name=gpu-check-cnn \
@@ -58,7 +85,7 @@ say "the CNN on the digits as images, with a cosine schedule, on cuda; loaded ba
 import json, sys
 import mlflow.pytorch, torch
 from reprotrain.data import digits
-m = json.load(open(f"{sys.argv[2]}/cnn/metrics.json"))
+m = json.load(open(f"{sys.argv[2]}/cnn/run.json"))
 mlflow.set_tracking_uri(sys.argv[1])
 model = mlflow.pytorch.load_model(f"runs:/{m['run_id']}/model")  # logged from a CPU copy
 x, y = digits(images=True).val.tensors
@@ -80,9 +107,28 @@ for options in "train.cuda_graphs=true" "train.precision=bf16 train.tf32=true tr
         echo "gpu-check: torch.compile could not run here (message above); the rest goes on"
         continue
     fi
-    "$PY" -c "import json; m = json.load(open('$OUT/$slug/metrics.json')); \
+    "$PY" -c "import json; m = json.load(open('$OUT/$slug/run.json')); \
 print('$options: step', round(m['step_ms_median'], 4), 'ms, final loss', m['final_loss'])"
 done
+
+say "torchrun with nccl: one process per GPU, one MLflow run; scaling against one process"
+TORCHRUN="$(dirname "$PY")/torchrun"
+"$TORCHRUN" --standalone --nproc-per-node=gpu -m reprotrain.train runtime=local device=cuda \
+    data.num_samples=8192 train.steps=300 train.progress=off tracking.uri="$STORE" \
+    tracking.log_model=false tracking.run_name=gpu-check-torchrun train.output_dir="$OUT/torchrun"
+"$PY" - "$STORE" "$OUT" <<'PYDDP'
+import json, sys
+import torch
+from mlflow.tracking import MlflowClient
+store, out = sys.argv[1], sys.argv[2]
+ddp, one = (json.load(open(f"{out}/{name}/run.json")) for name in ("torchrun", "cuda"))
+tags = MlflowClient(store).get_run(ddp["run_id"]).data.tags
+n = torch.cuda.device_count()
+assert tags["dist.backend"] == "nccl" and tags["dist.world_size"] == str(n), tags
+print(f"torchrun on {n} GPU(s), nccl: {ddp['samples_per_s']:,.0f} samples/s against "
+      f"{one['samples_per_s']:,.0f} in one process; scaling efficiency "
+      f"{ddp['samples_per_s'] / (n * one['samples_per_s']):.2f}; devices: {tags['dist.devices']}")
+PYDDP
 
 say "tests marked gpu"
 "$PY" -m pytest -m gpu -q
@@ -103,7 +149,13 @@ if [ "${1:-}" = "--docker" ]; then
         -v "$(pwd):$(pwd)" -w "$(pwd)" -e MLFLOW_TRACKING_URI="$STORE" \
         reprotrain:cuda python -m reprotrain.train device=cuda experiment=smoke \
         train.output_dir="$OUT/docker-cuda"
-    "$PY" -c "import json; m = json.load(open('$OUT/docker-cuda/metrics.json')); \
+    "$PY" -c "import json; m = json.load(open('$OUT/docker-cuda/run.json')); \
 print('docker-cuda run', m['run_id'], m['device_name'])"
+    docker run --rm --gpus all --user "$(id -u):$(id -g)" -e HOME=/tmp \
+        -v "$(pwd):$(pwd)" -w "$(pwd)" -e MLFLOW_TRACKING_URI="$STORE" \
+        reprotrain:cuda torchrun --nproc-per-node=gpu -m reprotrain.train device=cuda \
+        experiment=smoke train.output_dir="$OUT/docker-torchrun"
+    "$PY" -c "import json; m = json.load(open('$OUT/docker-torchrun/run.json')); \
+print('docker-cuda torchrun run', m['run_id'], m['samples_per_s'], 'samples/s')"
 fi
 say "done: figures above, files in $OUT"

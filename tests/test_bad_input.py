@@ -231,7 +231,7 @@ def test_unwritable_checkpoint_folder(tmp_path: Path, store: Store) -> None:
 
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 256 KiB tmpfs: room for config.yaml and loss.png, not for model.pt or a checkpoint."""
+    """A 256 KiB tmpfs: room for config.yaml and loss.svg, not for model.pt or a checkpoint."""
     folder = tmp_path / "full-disk"
     folder.mkdir()
     try:
@@ -291,4 +291,4 @@ def test_full_disk_is_one_clear_line_and_leaves_no_partial_file(
     run = store.only_run()
     assert run.info.status == "FAILED" and "no space left on device" in run.data.tags["error"]
     left = {str(path.relative_to(full_disk)) for path in full_disk.rglob("*") if path.is_file()}
-    assert left <= {"config.yaml", "loss.png"}, left  # finished files only: no temp, no model.pt
+    assert left <= {"config.yaml", "loss.svg"}, left  # finished files only: no temp, no model.pt

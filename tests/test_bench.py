@@ -154,6 +154,23 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
 
     assert positive(report["startup"]["median_s"]) and len(report["startup"]["runs_s"]) == 1
     assert report["dvc"] == {"skipped": "--no-dvc"}
+    whole = report["whole_process"]  # the lesson's script and reprotrain.train, one pair
+    assert whole["steps"] == 500 and whole["batch_size"] == 64 and whole["pairs"] == 1
+    assert "lesson_script.py --steps=500" in whole["commands"]["lesson"]
+    assert "reprotrain.train device=cpu" in whole["commands"]["reprotrain"]
+    for name in ("lesson", "reprotrain"):
+        assert positive(whole["median_s"][name]) and positive(whole["peak_rss_mb"][name])
+    reprotrain_s, lesson_s = whole["wall_s"]["reprotrain"][0], whole["wall_s"]["lesson"][0]
+    assert whole["median_ratio"] == pytest.approx(reprotrain_s / lesson_s)
+    assert re.search(
+        r"reprotrain / lesson wall time: \d+\.\d\d .*target <= 0\.8: (met|missed)", stdout
+    )
+    (scaled,) = report["scaling"]  # 1 and 2 gloo processes under torchrun, batch 64 each
+    assert scaled["device"] == "cpu" and scaled["processes"] == 2
+    one, two = scaled["samples_per_s"]["1"], scaled["samples_per_s"]["2"]
+    assert positive(one) and positive(two)
+    assert scaled["efficiency"] == pytest.approx(two / (2 * one))
+    assert "data-parallel scaling on cpu" in stdout
     assert "crossover" not in report
     for heading in ("ms/step", "samples/s", "ratios", "targets", "start-up"):
         assert heading in stdout
@@ -171,6 +188,8 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
         b64["ratios"]["b/c"]["value"]
     )
     assert run.data.params["mode"] == "quick"
+    for name in ("lesson", "reprotrain"):
+        assert run.data.metrics[f"whole/{name}_s"] == pytest.approx(whole["median_s"][name])
 
 
 def test_crossover_cpu_half_writes_plot_and_table_and_says_gpu_half_is_absent(

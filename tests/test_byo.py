@@ -238,7 +238,7 @@ def test_evaluate_rebuilds_any_model_from_model_pt(tmp_path: Path, store: Store)
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "eval" / "eval.json").read_text())
     recorded = json.loads((tmp_path / "results" / "metrics.json").read_text())
-    assert evaluated["val_accuracy"] == pytest.approx(recorded["val_accuracy"], abs=1e-9)
+    assert evaluated["eval_accuracy"] == pytest.approx(recorded["val_accuracy"], abs=1e-9)
     assert store.only_run().data.metrics["eval/accuracy"] == pytest.approx(recorded["val_accuracy"])
 
 

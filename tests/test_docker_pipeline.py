@@ -185,10 +185,10 @@ def mlflow_ui(docker_project) -> Iterator[str]:
 def test_host_ui_serves_the_containers_artifacts(docker_project, mlflow_ui: str) -> None:
     repo, _, _ = docker_project
     run_id = Store(repo).only_run().info.run_id
-    url = f"{mlflow_ui}/get-artifact?path=loss.png&run_uuid={run_id}"
+    url = f"{mlflow_ui}/get-artifact?path=loss.svg&run_uuid={run_id}"
     with urllib.request.urlopen(url, timeout=30) as response:
         assert response.status == 200
-        assert response.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert response.read().startswith(b"<svg xmlns=")
 
 
 @pytest.mark.browser
@@ -229,7 +229,7 @@ def test_run_page_in_chromium_shows_device_loss_chart_and_artifacts(
         page.goto(f"{page_url}/artifacts")
         page.get_by_text("model.pt").first.wait_for(timeout=60_000)
         listing = page.inner_text("body")
-        assert all(name in listing for name in ("loss.png", "config.yaml", "loss.csv"))
+        assert all(name in listing for name in ("loss.svg", "config.yaml", "loss.csv"))
         page.screenshot(path=str(SCREENSHOTS / "mlflow-run-artifacts.png"))
         browser.close()
 
@@ -539,3 +539,24 @@ def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_pa
     assert f"its container {name} is gone; marked KILLED" in said
     assert f"train.resume={run.info.run_id}" in said
     assert store.only_run().info.status == "KILLED"
+
+
+def test_train_nproc_runs_torchrun_in_the_container_as_one_run(tmp_path: Path) -> None:
+    """runtime=docker train.nproc=2: torchrun starts two gloo ranks in the CPU image; the host
+    sees one FINISHED run with the job's shape, losses the mean over both ranks."""
+    require_docker()
+    repo = make_project(tmp_path / "project", runtime="docker")
+    result = run_app(
+        repo,
+        "device=cpu",
+        "train.nproc=2",
+        "train.steps=60",
+        "train.batch_size=32",
+        "tracking.log_model=false",
+        timeout=1500,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = Store(repo).only_run()
+    assert run.info.status == "FINISHED" and run.data.tags["runtime"] == "docker-cpu"
+    assert run.data.tags["dist.world_size"] == "2" and run.data.tags["dist.backend"] == "gloo"
+    assert [step for step, _ in Store(repo).losses(run.info.run_id)] == list(range(1, 61))

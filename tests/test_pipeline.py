@@ -128,7 +128,7 @@ def test_cnn_on_digit_images_through_the_whole_pipeline(repo: Path) -> None:
     assert len(losses) == 20 and losses[-1] < losses[0]
     evaluated = json.loads((repo / "results" / "eval.json").read_text())
     trained = json.loads((repo / "results" / "metrics.json").read_text())
-    assert evaluated["val_accuracy"] == pytest.approx(trained["val_accuracy"], abs=1e-9)
+    assert evaluated["eval_accuracy"] == pytest.approx(trained["val_accuracy"], abs=1e-9)
     assert run.data.metrics["eval/accuracy"] == pytest.approx(trained["val_accuracy"])
 
 

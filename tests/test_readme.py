@@ -40,6 +40,7 @@ COVERED = {
     "dvc exp run -S 'optimizer=adamw,sgd' -S 'train.batch_size=32,256' --queue": "test_pipeline::test_queued_sweep_runs_each_point_into_the_project_store",
     "dvc queue start": "test_pipeline::test_queued_sweep_runs_each_point_into_the_project_store",
     "dvc exp show": "test_readme::test_exp_commands",
+    "dvc exp show --only-changed": "test_readme::test_exp_commands",
     "dvc metrics diff": "test_readme::test_exp_commands",
     "dvc plots show": "test_pipeline::test_metrics_and_plots_show",
     "dvc dag": "test_pipeline::test_metrics_and_plots_show",
@@ -67,6 +68,12 @@ COVERED = {
     "python -m reprotrain.train +model.name=cnn": "test_byo::test_bad_pieces_are_one_clear_line",
     "python -m reprotrain.train --multirun hydra/sweeper=optuna 'optimizer.lr=interval(1e-4,1e-1)'": "test_sweeps (the same study, 4 trials)",
     "python -m reprotrain.train --multirun hydra/launcher=joblib optimizer=adamw,sgd": "test_sweeps (joblib launcher)",
+    "torchrun --nproc-per-node=gpu -m reprotrain.train device=cuda": "scripts/gpu-check.sh (torchrun with nccl)",
+    "torchrun --standalone --nproc-per-node=2 -m reprotrain.train device=cpu runtime=local": "test_distributed::test_two_processes_train_one_run_with_the_one_process_losses",
+    "python -m reprotrain.train runtime=docker device=cpu train.nproc=2": "test_docker_pipeline::test_train_nproc_runs_torchrun_in_the_container_as_one_run",
+    "docker run --rm --gpus all reprotrain:cuda torchrun --nproc-per-node=gpu -m reprotrain.train device=cuda": "scripts/gpu-check.sh --docker",
+    "python -m reprotrain.train --multirun hydra/launcher=slurm hydra.launcher.partition=gpu optimizer=adamw,sgd": "test_sweeps::test_bad_sweep_is_one_line_before_any_run (no sbatch here) + test_sweeps::test_the_slurm_launcher_config_composes_with_what_a_site_fills_in",
+    "python -m reprotrain.train --multirun hydra/launcher=submitit_local optimizer=adamw,sgd": "test_sweeps::test_parallel_launcher_jobs_finish_under_one_parent_each_in_its_folder",
 }
 
 
@@ -164,6 +171,14 @@ def test_exp_commands(tmp_path: Path) -> None:
     wide = child_env(PATH=f"{BIN}:{os.environ['PATH']}", DVC_NO_ANALYTICS="1", COLUMNS="400")
     shown = sh(repo, "dvc", "exp", "show", env=wide).stdout  # no terminal: set the table width
     assert run.data.tags["dvc.exp_name"] in shown and "optimizer.lr" in shown
+    # The headline figures and what changed, each cell in full.
+    terminal = child_env(PATH=f"{BIN}:{os.environ['PATH']}", DVC_NO_ANALYTICS="1", COLUMNS="200")
+    changed = sh(repo, "dvc", "exp", "show", "--only-changed", env=terminal).stdout
+    rows = [line for line in changed.splitlines() if line.strip() and "──" not in line]
+    assert not any("…" in row for row in rows), changed  # every cell in full
+    header = rows[0].split()
+    for column in ("val_accuracy", "eval_accuracy", "samples_per_s", "run_id", "optimizer.lr"):
+        assert column in header, (column, header)  # short names: no file prefix needed
     diff = sh(repo, "dvc", "metrics", "diff").stdout
     assert "results/metrics.json" in diff and "val_accuracy" in diff
 

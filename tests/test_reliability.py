@@ -307,5 +307,5 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
     from mlflow.tracking import MlflowClient
 
     artifacts = {a.path for a in MlflowClient(server.uri).list_artifacts(run.info.run_id)}
-    assert {"model.pt", "loss.png", "config.yaml", "loss.csv"} <= artifacts
+    assert {"model.pt", "loss.svg", "config.yaml", "loss.csv"} <= artifacts
     assert not spooled[0].exists()

@@ -4,6 +4,7 @@ sweep is one line before any job starts."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -147,6 +148,10 @@ BAD_SWEEPS = {
         ["hydra/sweeper=optuna", "hydra.sweeper.storage=sqlite:///optuna.db"],
         ["hydra.sweeper.storage='sqlite:///optuna.db'", "leave hydra.sweeper.storage null"],
     ),
+    "a SLURM sweep without sbatch": (
+        ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "optimizer=adamw,sgd"],
+        ["hydra/launcher=slurm submits jobs with SLURM's sbatch", "hydra/launcher=submitit_local"],
+    ),
     "unknown key in a preset's search space": (
         ["--config-dir", "{user_conf}", "experiment=space"],
         [
@@ -170,3 +175,48 @@ def test_bad_sweep_is_one_line_before_any_run(
     assert all(part in errors[0] for part in expected), errors[0]
     assert "Traceback" not in result.stderr
     assert not store.path.exists(), "the check runs before anything opens the MLflow store"
+
+
+def test_a_sweep_job_of_two_tasks_trains_data_parallel_as_one_child_run(
+    tmp_path: Path, store: Store
+) -> None:
+    """hydra-submitit-launcher's tasks_per_node=2 (submitit_local here, a SLURM allocation on
+    a cluster): each job's two tasks join one gloo group through submitit's own helper, and
+    the job is one child run of the sweep, named by what the sweep varies."""
+    result = sweep(
+        tmp_path,
+        store,
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=5",
+        "hydra.launcher.tasks_per_node=2",
+        "optimizer=adamw,sgd",
+        "train.batch_size=16",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, children = parent_and_children(store, jobs=2)
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["dist.world_size"] == "2" and run.data.tags["dist.backend"] == "gloo"
+        assert run.data.tags["dist.global_batch_size"] == "32"
+        optimizer = optimizer_of(run).rsplit(".", 1)[-1].lower()
+        assert run.info.run_name == f"mlp-{optimizer}-cpu optimizer={optimizer}", run.info.run_name
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is not None, reason="this machine has SLURM")
+def test_the_slurm_launcher_config_composes_with_what_a_site_fills_in(tmp_path: Path) -> None:
+    result = run_app(
+        tmp_path,
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=gpu",
+        "hydra.launcher.gpus_per_node=4",
+        "hydra.launcher.tasks_per_node=4",
+        "--cfg",
+        "hydra",
+        "-p",
+        "hydra.launcher",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    launcher = yaml.safe_load(result.stdout)
+    assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert launcher["partition"] == "gpu" and launcher["tasks_per_node"] == 4
+    assert launcher["gpus_per_node"] == 4 and launcher["timeout_min"] == 60

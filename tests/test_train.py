@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import subprocess
+import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 import torch
@@ -21,6 +24,9 @@ from conftest import (
     train,
     wait_for_losses,
 )
+from reprotrain.loop import CheckpointCadence
+from reprotrain.outputs import loss_svg
+from reprotrain.timing import PHASES
 from reprotrain.tracking import prepare_store
 
 SMOKE_STEPS = 20  # conf/experiment/smoke.yaml
@@ -94,7 +100,7 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
     assert params["loss._target_"] == "torch.nn.CrossEntropyLoss"
     assert params["data._target_"] == "reprotrain.data.synthetic"
     artifacts = {a.path for a in store.client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "loss.png", "model.pt", "loss.csv"} <= artifacts
+    assert {"config.yaml", "loss.svg", "model.pt", "loss.csv"} <= artifacts
     assert [m.name for m in logged_models(store, run.info.run_id)] == ["model"]  # MLflow Model
     saved = torch.load(tmp_path / "results" / "model.pt", weights_only=True)
     assert saved["format"] == 2 and saved["num_classes"] == 10
@@ -108,8 +114,19 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
     }
     assert saved["loss"]["_target_"] == "torch.nn.CrossEntropyLoss"
     assert sum(t.numel() for t in saved["state_dict"].values()) == MLP_PARAMETERS
-    metrics = json.loads((tmp_path / "results" / "metrics.json").read_text())
-    assert metrics["run_id"] == run.info.run_id
+    headline = json.loads((tmp_path / "results" / "metrics.json").read_text())
+    assert set(headline) == {
+        "run_id",
+        "tracking_uri",
+        "final_loss",
+        "val_loss",
+        "val_accuracy",
+        "samples_per_s",
+        "total_s",
+    }
+    assert headline["run_id"] == run.info.run_id and headline["tracking_uri"] == store.uri
+    metrics = json.loads((tmp_path / "results" / "run.json").read_text())
+    assert {k: metrics[k] for k in headline} == headline
     assert metrics["model_class"] == "reprotrain.models.mlp.MLP"
     assert metrics["parameters"] == MLP_PARAMETERS
     for key in ("tracking_s", "checkpoint_s", "outputs_s"):
@@ -221,10 +238,15 @@ def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -
     run_id = store.only_run().info.run_id
     written = list((tmp_path / "outputs" / "runs").glob("*/*/metrics.json"))
     assert len(written) == 1 and json.loads(written[0].read_text())["run_id"] == run_id
-    assert {"model.pt", "loss.csv", "loss.png", "config.yaml"} <= {
+    assert {"model.pt", "loss.csv", "loss.svg", "config.yaml"} <= {
         p.name for p in written[0].parent.iterdir()
     }
     assert f"outputs in {written[0].parent}" in result.stderr
+    # The end names the status, run id, the UI command and the run's page.
+    experiment_id = store.only_run().info.experiment_id
+    assert f"run {run_id} FINISHED in experiment 'reprotrain'" in result.stderr
+    assert f"mlflow ui --backend-store-uri {store.uri}" in result.stderr
+    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}" in result.stderr
     checkpoints = list((tmp_path / "outputs" / "checkpoints").iterdir())
     assert [p.name for p in checkpoints] == [f"{run_id}.pt"]
     state = torch.load(checkpoints[0], weights_only=True)
@@ -269,6 +291,7 @@ def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> No
         assert f"optimizer={optimizer}" in words, r.info.run_name
         assert f"train.batch_size={r.data.params['train.batch_size']}" in words, r.info.run_name
         assert not any(w.startswith(("tracking.", "runtime")) for w in words), r.info.run_name
+        assert not any(w.startswith("experiment=") for w in words), r.info.run_name  # not swept
     # train.output_dir=null: each job writes into its own Hydra folder
     written = list((tmp_path / "outputs" / "multirun").glob("*/*/*/metrics.json"))
     assert sorted(json.loads(p.read_text())["run_id"] for p in written) == sorted(
@@ -334,7 +357,7 @@ def test_nonfinite_warn_records_the_nan_steps_and_finishes(tmp_path: Path, store
     assert len(losses) == SMOKE_STEPS  # every step logged, the NaN ones included
     nan_steps = sum(value != value for value in losses)
     assert nan_steps > 0 and run.data.metrics["train/nonfinite_steps"] == nan_steps
-    metrics = json.loads((tmp_path / "results" / "metrics.json").read_text())  # strict JSON
+    metrics = json.loads((tmp_path / "results" / "run.json").read_text())  # strict JSON
     assert metrics["nonfinite_steps"] == nan_steps and metrics["final_loss"] is None
 
 
@@ -388,3 +411,67 @@ def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store) 
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "out of memory on cuda:0 at train.batch_size=32" in result.stderr
     assert store.only_run().info.status == "FAILED"
+
+
+def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Store) -> None:
+    """MLflow's import and opening, flushes, checkpoints and outputs stay out of the timing
+    window: a 300-step and a 3000-step run of one config record samples/s within 10% of each
+    other (median of 2 alternating pairs), each run's phase means add up to its median step
+    within 10%, and checkpoints take at most 1% of the training time."""
+    recorded: dict[int, list[dict]] = {300: [], 3000: []}
+    for _ in range(2):
+        for steps in recorded:
+            out = tmp_path / f"run-{steps}-{len(recorded[steps])}"
+            train(
+                tmp_path,
+                store,
+                "device=cpu",
+                f"train.steps={steps}",
+                "train.batch_size=64",
+                "tracking.log_model=false",
+                f"train.output_dir={out}",
+            )
+            recorded[steps].append(json.loads((out / "run.json").read_text()))
+    for metrics in recorded[300] + recorded[3000]:
+        phases = sum(metrics[f"{phase}_ms_mean"] for phase in PHASES)
+        assert phases == pytest.approx(metrics["step_ms_median"], rel=0.10), metrics
+        training_s = metrics["steps"] * metrics["batch_size"] / metrics["samples_per_s"]
+        assert metrics["checkpoint_s"] <= 0.01 * training_s, metrics
+    short, long = (statistics.median(m["samples_per_s"] for m in recorded[n]) for n in recorded)
+    assert short == pytest.approx(long, rel=0.10), (short, long)
+
+
+def test_checkpoints_by_steps_and_by_time_within_one_percent() -> None:
+    """train.checkpoint_every (steps) is kept as given; train.checkpoint_every_s waits at
+    least 100x the last checkpoint's own duration."""
+    by_steps = CheckpointCadence(every=10, every_s=0, start=0)
+    assert not by_steps.due(9) and by_steps.due(10)
+    by_steps.saved(10, took_s=5.0)
+    assert not by_steps.due(19) and by_steps.due(20)
+    by_time = CheckpointCadence(every=0, every_s=0.05, start=0)
+    assert not by_time.due(1)
+    time.sleep(0.06)
+    assert by_time.due(2)
+    by_time.saved(2, took_s=0.002)  # 100x = 0.2 s, longer than every_s
+    time.sleep(0.06)
+    assert not by_time.due(3)
+    time.sleep(0.16)
+    assert by_time.due(4)
+    never = CheckpointCadence(every=0, every_s=0, start=0)
+    time.sleep(0.01)
+    assert not never.due(10**6)
+
+
+def test_loss_svg_keeps_spikes_and_breaks_at_nonfinite_losses() -> None:
+    steps = list(range(1, 10_001))
+    losses = [1.0 / step for step in steps]
+    losses[5000] = 7.5  # one spike among 10,000 points
+    losses[7000] = float("nan")
+    root = ElementTree.fromstring(loss_svg(steps, losses, "mlp <adamw>"))
+    lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 2  # broken at the NaN
+    points = [p for line in lines for p in line.get("points").split()]
+    assert len(points) <= 2 * 700  # at most a low and a high point per pixel column
+    assert min(float(p.split(",")[1]) for p in points) == pytest.approx(32.0)  # the spike: top
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "mlp <adamw>" in texts and "7.5" in texts

@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from reprotrain import overrides
+from reprotrain import overrides, sweep
 from reprotrain.errors import ConfigError, UserError, report_and_exit
 from reprotrain.outputs import write_text
 from reprotrain.project import conf_digest, conf_folder, put_project_on_path
@@ -47,7 +47,8 @@ def hydra_app(cfg: DictConfig) -> float | None:
             config.train.output_dir = hydra_config.runtime.output_dir
         varied = []
         if hydra_config.mode == RunMode.MULTIRUN:
-            varied = [o for o in hydra_config.overrides.task if not o.startswith(NOT_IN_NAMES)]
+            named = [o for o in hydra_config.overrides.task if not o.startswith(NOT_IN_NAMES)]
+            varied = sweep.varied(named)
         result = launch(config, varied)
         return objective(result, config.train.objective)  # what hydra/sweeper=optuna minimises
     except UserError as error:

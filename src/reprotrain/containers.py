@@ -126,6 +126,12 @@ def _engine_failure_reason(stderr: str) -> str:
     return lines[-1] if lines else "docker version failed without a message"
 
 
+def gpu_count() -> int:
+    """GPUs the host's driver lists (`nvidia-smi -L`); 0 without a driver."""
+    listed = _output_or_none(["nvidia-smi", "-L"]) or ""
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
 def host_has_docker_gpus() -> bool:
     """True when the host lists a GPU and Docker can hand it to a container (no container run)."""
     gpus = _output_or_none(["nvidia-smi", "-L"])

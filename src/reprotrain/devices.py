@@ -192,8 +192,13 @@ def _cgroup_cpu_quota() -> float | None:
 
 def set_threads(threads: str | int) -> None:
     """torch sizes its pool from the host's cores, not a container's CPU quota: use the CPUs
-    this process may use (train.threads=auto), or the number given."""
-    torch.set_num_threads(available_cpus() if threads == "auto" else int(threads))
+    this process may use (train.threads=auto), shared among the processes torchrun started on
+    this machine (LOCAL_WORLD_SIZE), or the number given."""
+    if threads == "auto":
+        sharing = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        torch.set_num_threads(max(1, available_cpus() // sharing))
+    else:
+        torch.set_num_threads(int(threads))
 
 
 def synchronize(device: torch.device) -> None:

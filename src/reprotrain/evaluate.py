@@ -97,13 +97,14 @@ def main(argv: list[str] | None = None) -> None:
         report_and_exit(error)
     loss, accuracy, predicted = evaluate(model, val_batches(splits.val, device), loss_fn, device)
     actual = [int(y) for _, y in val_batches(splits.val, device) for y in y.flatten()]
-    metrics = {"val_loss": loss, "val_accuracy": accuracy, "val_samples": len(splits.val)}
+    # eval_*: beside metrics.json's val_* in `dvc exp show`, names that need no file prefix
+    metrics = {"eval_loss": loss, "eval_accuracy": accuracy, "eval_samples": len(splits.val)}
     if len(predicted):
         write_text(args.out_dir / "confusion.csv", confusion_csv(actual, predicted.tolist()))
     write_json(args.out_dir / "eval.json", metrics)
     add_to_training_run(args.train_metrics, metrics)
     print(
-        f"evaluate: val_loss {loss:.4f}, val_accuracy {accuracy:.4f} on {metrics['val_samples']} samples"
+        f"evaluate: loss {loss:.4f}, accuracy {accuracy:.4f} on {metrics['eval_samples']} samples"
     )
 
 
@@ -115,9 +116,9 @@ def add_to_training_run(train_metrics: Path, metrics: dict[str, float]) -> None:
     if not info.get("run_id"):
         return
     client = MlflowClient(info.get("tracking_uri") or default_tracking_uri())
-    for key in ("val_loss", "val_accuracy"):
+    for key in ("eval_loss", "eval_accuracy"):
         if metrics[key] == metrics[key]:  # NaN (no class labels) is not recorded
-            client.log_metric(info["run_id"], f"eval/{key.removeprefix('val_')}", metrics[key])
+            client.log_metric(info["run_id"], key.replace("_", "/", 1), metrics[key])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ per window, not one per step.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -70,30 +71,38 @@ def fit(
     stop: GracefulStop | None = None,
     loss_every: int = 1,
     window_values: list[float] | None = None,
+    group: Any = None,
 ) -> Fitted:
     """Train from step `start` (a resumed run: `losses` holds the earlier steps', and
     `window_values` those of a `loss_every` window not yet logged) to `total`.
     `save(step, losses, window_values)` writes a checkpoint; `recorder` gets `train/loss`
     (each step, or the mean of every `loss_every` steps), `train/lr` with a scheduler,
-    `time/step_ms`."""
+    `time/step_ms`. Under torchrun `group` (runtime.distributed.Group) averages each window's
+    losses over the ranks, and a stop is agreed on at window boundaries, so every rank stops
+    at the same step."""
     step_fn = fastpaths.step_function(train, device, model, loss_fn, optimizer)
     losses = list(losses or [])
     steps = list(range(1, start + 1))
     warmup_end = start + train.warmup_steps
     clock, summary = PhaseClock(device), TimingSummary(warmup_end)
     window = LossWindow(recorder, loss_every, total, window_values)
-    progress = Progress(total, train.progress)
+    world = group.world_size if group is not None else 1
+    progress = Progress(total, train.progress if group is None or group.main else "off")
     stop = stop or GracefulStop()
     pending: list[torch.Tensor] = []
     nonfinite: list[int] = []
     per_epoch = batches.batches_per_epoch
-    measure_from, saved_at = None, start
+    measure_from = None
+    cadence = CheckpointCadence(train.checkpoint_every, train.checkpoint_every_s, start)
     bookkeeping_s = {"tracking": 0.0, "checkpoint": 0.0}  # inside the loop, not training
 
     def record_window(step: int) -> None:
         """Read the window's losses off the device and hand them to the recorder."""
         began = time.perf_counter()
-        values = torch.stack(pending).float().cpu().tolist()  # sync point: one read per window
+        stacked = torch.stack(pending).float()
+        if group is not None:
+            stacked = group.mean(stacked)  # every rank's loss: the global batch's mean
+        values = stacked.cpu().tolist()  # sync point: one read per window
         first = step - len(pending) + 1
         pending.clear()
         bad = check_finite(values, first, losses, train.nonfinite)
@@ -115,7 +124,11 @@ def fit(
             recorder.log_metric("train/lr", optimizer.param_groups[0]["lr"], step)
         steps.extend(range(first, step + 1))
         losses.extend(values)
-        rate = train.batch_size / (summary.median("step") / 1e3) if summary.measured_steps else 0.0
+        rate = (
+            world * train.batch_size / (summary.median("step") / 1e3)
+            if summary.measured_steps
+            else 0.0
+        )
         progress.update(step, values[-1], rate)
         bookkeeping_s["tracking"] += time.perf_counter() - began
 
@@ -123,10 +136,23 @@ def fit(
         began = time.perf_counter()
         if save is not None:
             save(step, losses, window.values)
-        bookkeeping_s["checkpoint"] += time.perf_counter() - began
+        took = time.perf_counter() - began
+        bookkeeping_s["checkpoint"] += took
+        cadence.saved(step, took)
+
+    def begin_measuring() -> float:
+        """The throughput clock starts once the run is open and the warm-up is done: MLflow's
+        import and set-up never land inside the timings, whatever the run's length."""
+        recorder.ready()
+        synchronize(device)  # sync point: the clock starts with the device idle
+        for key in bookkeeping_s:
+            bookkeeping_s[key] = 0.0
+        return time.perf_counter()
 
     step = start
-    recorder.start()  # the MLflow run opens on its own thread while the first steps run
+    recorder.start()  # the MLflow run opens on its own thread during the warm-up steps
+    if warmup_end == start:  # no warm-up: measure from the first step
+        measure_from = begin_measuring()
     stop.in_loop = True
     try:
         for step, batch in enumerate(batches.take(total, start=start), start=start + 1):
@@ -139,17 +165,18 @@ def fit(
                 scheduler.step()
             pending.append(loss)
             if step == warmup_end:
-                synchronize(device)  # sync point: the throughput clock starts after warm-up
-                measure_from = time.perf_counter()
-                bookkeeping_s = dict.fromkeys(bookkeeping_s, 0.0)
-            if step % train.log_every == 0 or step == total:
+                measure_from = begin_measuring()
+            at_window = step % train.log_every == 0 or step == total
+            if at_window:
                 record_window(step)
                 # The last step's checkpoint is written after the loop, with the timings.
-                due = train.checkpoint_every and step - saved_at >= train.checkpoint_every
-                if due and step < total:
+                if step < total and cadence.due(step):
                     checkpoint(step)
-                    saved_at = step
-            if stop.requested is not None:  # a signal arrived: stop at this step boundary
+            stopping = stop.requested is not None  # a signal arrived: stop at this boundary
+            if group is not None and group.active:  # all ranks at the same window boundary
+                stopping = at_window and group.any(stopping, device)
+                stop.requested = stop.requested or (signal.SIGTERM if stopping else None)
+            if stopping:
                 if pending:
                     record_window(step)
                 window.flush(step)
@@ -164,14 +191,38 @@ def fit(
     # Throughput counts training only: time spent reading losses, sending them and writing
     # checkpoints inside the window is reported on its own (time/tracking_s, time/checkpoint_s).
     elapsed = (loop_end - measure_from - sum(bookkeeping_s.values())) if measure_from else 0.0
-    timings = {
-        "samples_per_s": measured * train.batch_size / elapsed if elapsed > 0 else float("nan"),
+    timings = {  # samples/s of the whole job: every rank's samples
+        "samples_per_s": world * measured * train.batch_size / elapsed
+        if elapsed > 0
+        else float("nan"),
         "step_ms_median": summary.median("step"),
         "tracking_s": bookkeeping_s["tracking"],
         "checkpoint_s": bookkeeping_s["checkpoint"],
         **{f"{phase}_ms_mean": summary.mean(phase) for phase in PHASES},
     }
     return Fitted(steps, losses, timings, len(nonfinite))
+
+
+class CheckpointCadence:
+    """When the loop writes a checkpoint: every `every` steps (0: no step cadence), and every
+    `every_s` seconds (0: none), never sooner than `1 / SHARE` times the last checkpoint's own
+    duration after it, so checkpoints by time take at most 1% of the run however large the
+    model. Checked at each `train.log_every` window."""
+
+    SHARE = 0.01
+
+    def __init__(self, every: int, every_s: float, start: int) -> None:
+        self.every, self.every_s = every, every_s
+        self.step, self.at, self.took = start, time.monotonic(), 0.0
+
+    def due(self, step: int) -> bool:
+        if self.every and step - self.step >= self.every:
+            return True
+        wait = max(self.every_s, self.took / self.SHARE)
+        return bool(self.every_s) and time.monotonic() - self.at >= wait
+
+    def saved(self, step: int, took_s: float) -> None:
+        self.step, self.at, self.took = step, time.monotonic(), took_s
 
 
 class LossWindow:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_loader import ConfigLoader
@@ -106,6 +108,8 @@ def check(argv: list[str]) -> None:
         or "-m" in flags
         or any(p.key_or_group == "hydra.mode" and p.value() == "MULTIRUN" for p in hydra_overrides)
     )
+    if multirun:
+        check_launcher(hydra_overrides)
     sweeps = [p for p in task if p.is_sweep_override()]
     if sweeps and not multirun:
         raise ConfigError(
@@ -124,6 +128,24 @@ def check(argv: list[str]) -> None:
         for job in _jobs([axis.overrides for axis in axes.values()]):
             values = [o for o, sweep in zip(job, swept, strict=True) if sweep]
             configs.validate_job(job, given, swept=values)
+
+
+SLURM_LAUNCHERS = ("slurm", "submitit_slurm")  # conf/hydra/launcher/slurm.yaml, the plugin's
+
+
+def check_launcher(hydra_overrides: list[Any]) -> None:
+    """A SLURM launcher submits with `sbatch`: without it every job would fail after the
+    sweep started; say so before anything runs."""
+    for override in hydra_overrides:
+        slurm = override.key_or_group == "hydra/launcher" and override.value() in SLURM_LAUNCHERS
+        if slurm and shutil.which("sbatch") is None:
+            raise ConfigError(
+                f"hydra/launcher={override.value()} submits jobs with SLURM's sbatch, which "
+                "is not on this machine's PATH; allowed: a SLURM login node, or another "
+                "launcher here",
+                hint="run the sweep where sbatch is, or use hydra/launcher=submitit_local "
+                "(or joblib) on this machine",
+            )
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """The end of a run: validation, summary metrics, outputs, artifacts, the MLflow Model.
 
-<output_dir>/metrics.json  summary figures and the MLflow run id (written last: its
-                           presence means the run completed)
+<output_dir>/metrics.json  the headline figures DVC compares and the MLflow run id and store
+                           (written last: its presence means the run completed)
+<output_dir>/run.json      every figure of the run: timings per phase, memory, device, ...
 <output_dir>/loss.csv      step,loss for every step (a DVC plot)
 <output_dir>/model.pt      {"state_dict", "model": the model's _target_ config with the data
                            sizes filled in, "loss": the loss config, "num_classes"}
-<output_dir>/loss.png      the loss curve;  config.yaml  the resolved config
+<output_dir>/loss.svg      the loss curve;  config.yaml  the resolved config
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ from reprotrain.timing import PHASES, training_flops_per_sample
 from reprotrain.tracking import redact
 
 MODEL_FORMAT = 2
+# metrics.json: the few figures `dvc exp show` and `dvc metrics diff` compare, and the MLflow
+# run they came from; run.json has every figure of the run.
+HEADLINE = (
+    "run_id",
+    "tracking_uri",
+    "final_loss",
+    "val_loss",
+    "val_accuracy",
+    "samples_per_s",
+    "total_s",
+)
 
 
 def finish(
@@ -88,8 +100,10 @@ def finish(
         device=info.type,
         device_name=info.name,
     )
-    # NaN is not JSON: a figure that could not be measured is written as null. Last.
-    write_json(out_dir / "metrics.json", {k: _json_value(v) for k, v in result.items()})
+    # NaN is not JSON: a figure that could not be measured is written as null.
+    written = {k: _json_value(v) for k, v in result.items()}
+    write_json(out_dir / "run.json", written)
+    write_json(out_dir / "metrics.json", {k: written[k] for k in HEADLINE})  # last
     return result
 
 
@@ -138,7 +152,7 @@ def write_outputs(
     }
     files = [
         write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(tree))),
-        write_loss_plot(out_dir / "loss.png", fitted.steps, fitted.losses, title),
+        write_loss_plot(out_dir / "loss.svg", fitted.steps, fitted.losses, title),
         write_model(out_dir / "model.pt", pieces.model, saved),
         write_loss_csv(out_dir / "loss.csv", fitted.steps, fitted.losses),
     ]

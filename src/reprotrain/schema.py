@@ -44,6 +44,7 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]  # numpy's seeds are 32-bit
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0.0)]
+NonNegative = Annotated[float, Field(ge=0.0)]
 Unit = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
@@ -79,7 +80,12 @@ class TrainConfig(Section):
     pin_memory: bool = True  # page-locked host batches for faster copies to a GPU
     persistent_workers: bool = False  # keep DataLoader workers between epochs
     threads: Literal["auto"] | PositiveInt = "auto"  # auto: the CPUs this process may use
-    checkpoint_every: NonNegativeInt = 100  # steps between checkpoints (0: only when stopped)
+    checkpoint_every: NonNegativeInt = 0  # steps between checkpoints (0: no step cadence)
+    checkpoint_every_s: NonNegative = 60.0  # seconds between them (0: no time cadence)
+    # Data-parallel training (torchrun): processes per machine, collective backend, timeout.
+    nproc: Literal["auto"] | PositiveInt = 1  # runtime=docker starts torchrun with this many
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on the CPU
+    dist_timeout_s: Positive = 300.0  # a collective that waits longer fails the run
     resume: str | None = None  # an MLflow run id, or "last", to continue from its checkpoint
     nonfinite: Literal["stop", "warn"] = "stop"  # a NaN/inf loss: stop (FAILED) or log and go on
     objective: Literal["val/loss", "val/accuracy", "train/loss"] = "val/loss"  # for sweepers
@@ -113,7 +119,9 @@ class RuntimeConfig(Section):
     mode: Literal["auto", "docker", "local"] = "auto"
     shm_size: str = "1g"  # DataLoader workers share batches through /dev/shm
     cpus: Positive | None = None
-    network: Literal["auto", "none", "host"] = "auto"  # auto: none unless the store is a server
+    network: Literal["auto", "none", "host"] = (
+        "auto"  # auto: none unless the store is on the network
+    )
 
 
 class OptimizerRanges(BaseModel):

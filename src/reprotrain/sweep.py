@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,6 +35,7 @@ from reprotrain.tracking import check_store, ensure_experiment, prepare_store
 
 SWEEP_ID_ENV = "REPROTRAIN_SWEEP_ID"
 PARENT_RUN_ENV = "REPROTRAIN_PARENT_RUN_ID"
+SWEPT_ENV = "REPROTRAIN_SWEPT_KEYS"  # what differs between the jobs: their run names
 RESULTS_FILE = "optimization_results.yaml"  # what Hydra's Optuna sweeper writes
 
 
@@ -44,12 +46,15 @@ class SweepParentRun(Callback):
         self.uri = ""
         self.run_id = ""
         self.sweep_id = ""
+        self.swept = ""
         self.started = 0.0
 
     def on_multirun_start(self, config: DictConfig, **_kwargs: Any) -> None:
         self.started = time.time()
         self.sweep_id = time.strftime("sweep-%Y%m%d-%H%M%S")
         os.environ[SWEEP_ID_ENV] = self.sweep_id
+        self.swept = ",".join(swept_keys(config))
+        os.environ[SWEPT_ENV] = self.swept
         if not config.tracking.enabled:
             return
         self.uri = config.tracking.uri or default_tracking_uri()
@@ -74,6 +79,7 @@ class SweepParentRun(Callback):
         # included, with every job, so a job started anywhere else gets them too.
         if self.sweep_id:
             os.environ[SWEEP_ID_ENV] = self.sweep_id
+            os.environ[SWEPT_ENV] = self.swept
         if self.run_id:
             os.environ[PARENT_RUN_ENV] = self.run_id
 
@@ -107,6 +113,26 @@ class SweepParentRun(Callback):
         if self.run_id:
             run_id, self.run_id = self.run_id, ""
             _client(self.uri).set_terminated(run_id, status)
+
+
+def swept_keys(config: DictConfig) -> list[str]:
+    """The keys a sweep varies: command-line overrides with several values (`a=1,2`,
+    `range(...)`, `interval(...)`) and the sweeper's own search space (hydra.sweeper.params)."""
+    task = list(config.hydra.overrides.task)
+    space = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    task += [f"{key}={value}" for key, value in space.items()]
+    parsed = OverridesParser.create().parse_overrides(task)
+    return sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
+
+
+def varied(overrides: list[str]) -> list[str]:
+    """A sweep job's overrides that its sweep varies, for its run name (all of them when the
+    sweep did not say, as with a job started outside this callback)."""
+    swept = os.environ.get(SWEPT_ENV)
+    if swept is None:
+        return overrides
+    keys = set(swept.split(","))
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys]
 
 
 def _client(uri: str) -> Any:

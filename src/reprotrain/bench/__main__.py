@@ -13,7 +13,9 @@ For each device and batch size, on the reference MLP (784 -> 512 -> 10, AdamW lr
     d      PyTorch Lightning with MLFlowLogger, logging the loss every step (the `bench` extra)
     bound  forward, loss, backward only, on device-resident data: the ceiling for b
 plus each fast path switched on and off against c (bench/fastpath.py), the machine's fp32
-matmul FLOP/s, the start-up time of `python -m reprotrain.train`, and
+matmul FLOP/s, the start-up time of `python -m reprotrain.train`, the whole
+`python -m reprotrain.train` process against the course's script as written (lesson_script.py,
+on the CPU, imports included), data-parallel scaling under torchrun (bench/scaling.py), and
 `dvc repro` with nothing to do. Results: a table on stdout, results/bench.json, and an MLflow
 run in experiment `reprotrain-bench` (crossover points are its child runs).
 
@@ -58,7 +60,13 @@ from reprotrain.bench.reference import (
     samples_for,
 )
 from reprotrain.bench.report import check_targets, format_report, record, without_nan
-from reprotrain.bench.startup import dvc_repro_time, startup_time
+from reprotrain.bench.scaling import SCALING_PROCESSES, scaling, scaling_processes
+from reprotrain.bench.startup import (
+    WHOLE_BATCH,
+    dvc_repro_time,
+    startup_time,
+    whole_process,
+)
 from reprotrain.devices import describe_device, resolve_device, set_threads
 from reprotrain.errors import UserError, report_and_exit
 from reprotrain.outputs import write_json, write_text
@@ -189,6 +197,16 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 report["targets"] = check_targets(report["devices"])
                 say("start-up of python -m reprotrain.train ...")
                 report["startup"] = startup_time(plan.startup_repeats, workdir)
+                steps = args.whole_steps or plan.whole_steps
+                say(f"whole process: the lesson's script and reprotrain, {steps} steps")
+                report["whole_process"] = whole_process(
+                    steps, WHOLE_BATCH, args.whole_pairs or plan.whole_pairs, workdir
+                )
+                say(f"data-parallel scaling: 1 and {SCALING_PROCESSES} processes under torchrun")
+                report["scaling"] = [
+                    scaling(device, scaling_processes(device), steps, WHOLE_BATCH, workdir)
+                    for device in devices
+                ]
                 report["dvc"] = dvc_repro_time(plan.dvc_repeats, not args.no_dvc)
             if crossover:
                 study = crossover_study(

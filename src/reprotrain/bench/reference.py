@@ -45,6 +45,8 @@ class Plan:
     startup_repeats: int
     dvc_repeats: int
     fastpath_pairs: int
+    whole_steps: int  # the whole-process comparison: steps per run
+    whole_pairs: int  # and alternating pairs of runs
 
     def steps(self, batch_size: int) -> int:
         return _clamp(self.sample_budget // batch_size, self.min_steps, self.max_steps)
@@ -72,6 +74,8 @@ QUICK = Plan(
     startup_repeats=1,
     dvc_repeats=1,
     fastpath_pairs=1,
+    whole_steps=500,
+    whole_pairs=1,
 )
 FULL = Plan(
     mode="full",
@@ -88,6 +92,8 @@ FULL = Plan(
     startup_repeats=3,
     dvc_repeats=3,
     fastpath_pairs=3,
+    whole_steps=3000,
+    whole_pairs=3,
 )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from reprotrain.bench.measure import FLOPS_RATIO, RATIOS, VARIANTS
+from reprotrain.bench.startup import WHOLE_TARGET
 from reprotrain.tracking import TrackedRun
 
 
@@ -186,6 +187,42 @@ def _fixed_costs(report: dict[str, Any]) -> list[str]:
         )
     elif startup:
         out.append(f"start-up: {startup.get('error') or startup.get('skipped')}")
+    whole = report.get("whole_process", {})
+    if "median_ratio" in whole:
+        ratio = whole["median_ratio"]
+        out.append(
+            f"whole process, CPU, {whole['steps']} steps at batch {whole['batch_size']} "
+            f"(median of {whole['pairs']} alternating pairs, imports included):"
+        )
+        rows = [
+            [
+                name,
+                f"{whole['median_s'][name]:.2f}",
+                f"{whole['peak_rss_mb'][name]:,.0f}",
+                whole["commands"][name],
+            ]
+            for name in ("lesson", "reprotrain")
+        ]
+        out.append(_table(["process", "wall s", "peak RSS MB", "command"], rows))
+        out.append(
+            f"reprotrain / lesson wall time: {ratio:.2f} (pairs "
+            f"{', '.join(f'{r:.2f}' for r in whole['ratios'])}); target <= {WHOLE_TARGET:g}: "
+            f"{'met' if ratio <= WHOLE_TARGET else 'missed'}"
+        )
+    elif whole:
+        out.append(f"whole process: {whole.get('error') or whole.get('skipped')}")
+    for entry in report.get("scaling", []):
+        if "efficiency" in entry:
+            rates = entry["samples_per_s"]
+            out.append(
+                f"data-parallel scaling on {entry['device']}, batch "
+                f"{entry['batch_size_per_process']} per process, {entry['steps']} steps: "
+                f"1 process {rates['1']:,.0f} samples/s, {entry['processes']} processes "
+                f"{rates[str(entry['processes'])]:,.0f} samples/s; efficiency "
+                f"{entry['efficiency']:.2f}"
+            )
+        else:
+            out.append(f"data-parallel scaling: {entry.get('error')}")
     dvc = report.get("dvc", {})
     if "median_s" in dvc:
         out.append(
@@ -240,6 +277,15 @@ def metrics_of(report: dict[str, Any]) -> dict[str, float]:
     for key in ("startup", "dvc"):
         if "median_s" in report.get(key, {}):
             metrics[f"{key}_s"] = report[key]["median_s"]
+    for entry in report.get("scaling", []):
+        if "efficiency" in entry:
+            metrics[f"{entry['device']}/scaling/efficiency"] = entry["efficiency"]
+    whole = report.get("whole_process", {})
+    if "median_ratio" in whole:
+        metrics["whole/ratio"] = whole["median_ratio"]
+        for name in ("lesson", "reprotrain"):
+            metrics[f"whole/{name}_s"] = whole["median_s"][name]
+            metrics[f"whole/{name}_peak_rss_mb"] = whole["peak_rss_mb"][name]
     metrics["peak_rss_mb"] = report["peak_rss_mb"]
     # Labels, flags and figures that could not be measured (null) are not metrics.
     return {

@@ -13,6 +13,10 @@ resumed run, or the other way, sees exactly what an uninterrupted run sees):
   to the device, as the lesson does. In a container, workers share batches through /dev/shm:
   `runtime.shm_size` (1g) bounds it.
 The ragged tail of an epoch is dropped: every step sees a full batch.
+
+Under torchrun (`rank` of `world` processes) a step's global batch is `batch_size x world`
+samples of the epoch's order, and each rank reads its own `batch_size` slice of it: the ranks
+together see what one process with the global batch would, in the same order.
 """
 
 from __future__ import annotations
@@ -38,12 +42,22 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 class EpochBatches:
-    """A batch sampler: the sample indices of steps start+1..total."""
+    """A batch sampler: the sample indices of steps start+1..total (this rank's slice)."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, start: int, total: int) -> None:
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        seed: int,
+        start: int,
+        total: int,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.start, self.total = start, total
-        self.batches_per_epoch = n // batch_size
+        self.batches_per_epoch = n // (batch_size * world)
+        self.offset, self.stride = rank * batch_size, batch_size * world
 
     def __len__(self) -> int:
         return self.total - self.start
@@ -56,7 +70,8 @@ class EpochBatches:
             for i in range(position, self.batches_per_epoch):
                 if step >= self.total:
                     return
-                yield order[i * self.batch_size : (i + 1) * self.batch_size].tolist()
+                first = i * self.stride + self.offset
+                yield order[first : first + self.batch_size].tolist()
                 step += 1
             epoch, position = epoch + 1, 0
 
@@ -66,11 +81,20 @@ class ResidentBatches:
 
     resident = True
 
-    def __init__(self, dataset: Dataset, batch_size: int, device: torch.device, seed: int) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        device: torch.device,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         inputs, targets = to_tensors(dataset)
         self.x, self.y = inputs.to(device), targets.to(device)
         self.batch_size, self.seed = batch_size, seed
-        self.batches_per_epoch = self.x.shape[0] // batch_size
+        self.batches_per_epoch = self.x.shape[0] // (batch_size * world)
+        self.offset, self.stride = rank * batch_size, batch_size * world
 
     def take(self, total: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, position = divmod(start, self.batches_per_epoch)
@@ -80,7 +104,8 @@ class ResidentBatches:
                 order = epoch_order(self.x.shape[0], self.seed, number).to(self.x.device)
                 x_epoch, y_epoch = self.x[order], self.y[order]
                 for i in range(self.batches_per_epoch):
-                    window = slice(i * self.batch_size, (i + 1) * self.batch_size)
+                    first = i * self.stride + self.offset
+                    window = slice(first, first + self.batch_size)
                     yield x_epoch[window], y_epoch[window]
 
         return itertools.islice(epochs(), position, position + total - start)
@@ -92,10 +117,18 @@ class LoaderBatches:
     resident = False
 
     def __init__(
-        self, dataset: Dataset, batch_size: int, device: torch.device, seed: int, train: Any
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        device: torch.device,
+        seed: int,
+        train: Any,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.batches_per_epoch = len(dataset) // batch_size
+        self.rank, self.world = rank, world
+        self.batches_per_epoch = len(dataset) // (batch_size * world)
         self.options = {
             "num_workers": train.num_workers,
             "pin_memory": train.pin_memory and device.type == "cuda",  # copies overlap compute
@@ -103,7 +136,9 @@ class LoaderBatches:
         }
 
     def take(self, total: int, start: int = 0) -> Iterator[Any]:
-        sampler = EpochBatches(len(self.dataset), self.batch_size, self.seed, start, total)
+        sampler = EpochBatches(
+            len(self.dataset), self.batch_size, self.seed, start, total, self.rank, self.world
+        )
         # The generator seeds the workers (their torch/random seeds): the same each run.
         loader = DataLoader(
             self.dataset,
@@ -115,17 +150,19 @@ class LoaderBatches:
 
 
 def make_batches(
-    dataset: Dataset, train: Any, device: torch.device
+    dataset: Dataset, train: Any, device: torch.device, rank: int = 0, world: int = 1
 ) -> ResidentBatches | LoaderBatches:
     n = len(dataset)
-    if train.batch_size > n:
+    if train.batch_size * world > n:
+        per = f" x {world} processes" if world > 1 else ""
         raise ConfigError(
-            f"train.batch_size={train.batch_size} is larger than the training split ({n} samples)",
-            hint=f"use train.batch_size<={n}, or more data",
+            f"train.batch_size={train.batch_size}{per} is larger than the training split "
+            f"({n} samples)",
+            hint=f"use train.batch_size<={n // world}, or more data",
         )
     if keep_resident(dataset, train, device):
-        return ResidentBatches(dataset, train.batch_size, device, train.seed)
-    return LoaderBatches(dataset, train.batch_size, device, train.seed, train)
+        return ResidentBatches(dataset, train.batch_size, device, train.seed, rank, world)
+    return LoaderBatches(dataset, train.batch_size, device, train.seed, train, rank, world)
 
 
 def keep_resident(dataset: Dataset, train: Any, device: torch.device) -> bool:

@@ -15,7 +15,8 @@ import sys
 from typing import Any
 
 from reprotrain.containers import engine_status
-from reprotrain.errors import RuntimeEnvError
+from reprotrain.errors import ConfigError, RuntimeEnvError
+from reprotrain.runtime import distributed
 from reprotrain.runtime.local import run
 from reprotrain.schema import Config
 
@@ -24,7 +25,7 @@ WARNED_ENV = "REPROTRAIN_WARNED_NO_DOCKER"  # a sweep's jobs share one warning
 
 
 def launch(config: Config, varied: list[str] | None = None) -> dict[str, Any]:
-    """Train where config.runtime says; returns the run's metrics (metrics.json)."""
+    """Train where config.runtime says; returns the run's figures (run.json)."""
     if choose_runtime(config) == "local":
         return run(config, "local", varied)
     # Imported here, not at the top: it loads MLflow's client and the image logic, which a
@@ -36,8 +37,11 @@ def launch(config: Config, varied: list[str] | None = None) -> dict[str, Any]:
 
 def choose_runtime(config: Config) -> str:
     mode = config.runtime.mode
-    if mode == "local" or os.environ.get(CONTAINER_ENV) == "1":
-        return "local"  # already inside reprotrain's container: train here
+    distributed.adopt_cluster_tasks()
+    if os.environ.get(CONTAINER_ENV) == "1" or distributed.under_torchrun():
+        return "local"  # already placed (reprotrain's container, or a rank torchrun started)
+    if mode == "local":
+        return one_process(config)
     status = engine_status()
     if status.available:
         return "docker"
@@ -54,4 +58,17 @@ def choose_runtime(config: Config) -> str:
             flush=True,
         )
         os.environ[WARNED_ENV] = "1"  # once per process, and per sweep (jobs inherit it)
+    return one_process(config)
+
+
+def one_process(config: Config) -> str:
+    """This process trains; train.nproc is for the container, where reprotrain starts torchrun."""
+    if config.train.nproc != 1:
+        raise ConfigError(
+            f"train.nproc={config.train.nproc} but the run trains in this process "
+            f"(runtime={config.runtime.mode}); allowed: train.nproc=1 here, any with "
+            "runtime=docker (torchrun in the container)",
+            hint=f"start torchrun --nproc_per_node={config.train.nproc} -m reprotrain.train ... "
+            "yourself, or use runtime=docker",
+        )
     return "local"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from reprotrain.checkpoint import load_resume_point
 from reprotrain.containers import (
     container_command,
     ensure_image,
+    gpu_count,
     host_has_docker_gpus,
     run_container,
 )
@@ -70,7 +72,7 @@ def image_kind(config: Config) -> str:
 
 
 def run_in_docker(config: Config) -> dict[str, Any]:
-    """Build (or reuse) the image, run the training script in it; returns its metrics.json."""
+    """Build (or reuse) the image, run the training script in it; returns its run.json."""
     root = find_root()
     kind = image_kind(config)
     resumed = resumed_run_id(config)  # a missing or mismatched checkpoint fails before a build
@@ -101,10 +103,16 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         },
     }
     network = config.runtime.network
-    if network == "auto":
-        network = "host" if uri.startswith(("http://", "https://")) else "none"
+    if network == "auto":  # a store on the network (a server, a database) needs the host's
+        network = "none" if uri.startswith(("sqlite:", "file:")) else "host"
+    if network == "none":  # torchrun's ranks meet on the loopback, the only interface there
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    nproc = processes(config, kind)
+    # --local-addr: with --network none the container's hostname resolves to no address.
+    torchrun = ["torchrun", "--standalone", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}"]
+    launcher = ["python"] if nproc == 1 else torchrun
     argv = [
-        "python",
+        *launcher,
         "-m",
         "reprotrain.train",
         "--config-dir",
@@ -130,10 +138,11 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         code = run_container(command, kind=kind, secrets=secrets)
     finally:
         config_file.unlink(missing_ok=True)
-        if run_id:
-            end_if_running(uri, run_id, code)
+        status = end_if_running(uri, run_id, code) if run_id else ""
     if code in (130, 143):  # stopped by Ctrl-C / docker stop: end as a local run would
         raise Interrupted(code - 128)
+    if code != 0 and status == "KILLED":  # torchrun's own exit code after its ranks stopped
+        raise Interrupted(signal.SIGTERM)
     if code == UserError.exit_code:  # the container printed the one-line error: not again
         raise SystemExit(code)
     if code != 0:
@@ -141,7 +150,7 @@ def run_in_docker(config: Config) -> dict[str, Any]:
             f"the training container ({image.tag}) exited with code {code}",
             hint="see its last log lines above; 137 = killed (docker kill or out of memory)",
         )
-    return json.loads((Path(config.train.output_dir) / "metrics.json").read_text())
+    return json.loads((Path(config.train.output_dir) / "run.json").read_text())
 
 
 def resumed_run_id(config: Config) -> str:
@@ -195,10 +204,31 @@ def create_run(config: Config, uri: str, kind: str) -> str:
     return run_id
 
 
-def end_if_running(uri: str, run_id: str, exit_code: int) -> None:
+def end_if_running(uri: str, run_id: str, exit_code: int) -> str:
+    """End the run if the container left it RUNNING; returns its status."""
     client = MlflowClient(uri)
-    if client.get_run(run_id).info.status != "RUNNING":
-        return  # the container ended its own run
+    status = client.get_run(run_id).info.status
+    if status != "RUNNING":
+        return status  # the container ended its own run
     status = "KILLED" if exit_code in (130, 137, 143) else "FAILED"
     client.set_tag(run_id, "error", f"training container exited with code {exit_code}")
     client.set_terminated(run_id, status)
+    return status
+
+
+def processes(config: Config, kind: str) -> int:
+    """How many training processes torchrun starts in the container (train.nproc): auto is
+    one per GPU in the CUDA image, 1 in the CPU image; more than the GPUs is an error."""
+    asked = config.train.nproc
+    if kind != "cuda":
+        return 1 if asked == "auto" else asked
+    gpus = gpu_count()
+    if asked == "auto":
+        return max(gpus, 1)
+    if asked > gpus:
+        raise RuntimeEnvError(
+            f"train.nproc={asked} but this machine has {gpus} GPU(s); allowed: 1..{gpus} "
+            "processes, one per GPU",
+            hint=f"use train.nproc={gpus} or train.nproc=auto",
+        )
+    return asked

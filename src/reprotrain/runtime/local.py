@@ -1,11 +1,12 @@
 """Train in this process: resolve the device, build the pieces, open the MLflow run, run the
 loop, write the outputs. The container runtime runs this same function inside the image.
 
-    result = run(config)        # the metrics written to metrics.json
+    result = run(config)        # the figures written to run.json
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,45 +28,80 @@ from reprotrain.checkpoint import (
 )
 from reprotrain.data import make_batches
 from reprotrain.devices import describe_device, resolve_device, set_threads
-from reprotrain.errors import DeviceError, TrackingError
+from reprotrain.errors import ConfigError, DeviceError, TrackingError
 from reprotrain.loop import TIMING_KEYS, Fitted, fit
 from reprotrain.outputs import check_writable, claim
 from reprotrain.project import default_tracking_uri
 from reprotrain.provenance import count_parameters, run_name, run_tags
 from reprotrain.results import finish
+from reprotrain.runtime import distributed
 from reprotrain.schema import Config, as_dict, flatten
 from reprotrain.seeding import seed_everything
 from reprotrain.stopping import GracefulStop
-from reprotrain.tracking import NoRun, TrackedRun, check_store, redact, run_status
+from reprotrain.tracking import (
+    NoRun,
+    TrackedRun,
+    check_store,
+    redact,
+    run_status,
+    where_to_look,
+)
 
 
 def run(config: Config, runtime: str = "local", varied: list[str] | None = None) -> dict[str, Any]:
-    """Train once as `config` says; returns the metrics written to metrics.json."""
-    device = resolve_device(config.device.type, config.device.index)  # before any run exists
+    """Train once as `config` says; returns the figures written to run.json (rank 0's; the
+    other ranks of a torchrun job return {})."""
+    distributed.adopt_cluster_tasks()  # a submitit job's tasks: one torchrun-style job
+    device = place(config)  # before any run exists
     fastpaths.check(config.train, device)
     out_dir = check_writable(
         Path(config.train.output_dir or "outputs/runs/latest"), "train.output_dir"
     )
     check_writable(Path(config.train.checkpoint_dir), "train.checkpoint_dir")  # also on Ctrl-C
-    with claim(out_dir, "train.output_dir"):  # another run writing there is a warning
-        return train_into(config, device, out_dir, runtime, varied or [])
+    group = distributed.join(config.train.backend, config.train.dist_timeout_s, device)
+    try:
+        if not group.main:  # rank 0 alone writes outputs and records the run
+            return train_into(config, device, out_dir, runtime, varied or [], group)
+        with claim(out_dir, "train.output_dir"):  # another run writing there is a warning
+            return train_into(config, device, out_dir, runtime, varied or [], group)
+    finally:
+        distributed.leave(group)
+
+
+def place(config: Config) -> torch.device:
+    """The device: as config.device says; under torchrun, each rank on cuda:LOCAL_RANK."""
+    if distributed.under_torchrun():
+        if config.train.cuda_graphs:
+            raise ConfigError(
+                "train.cuda_graphs=true under torchrun; allowed: CUDA graphs in one process",
+                hint="drop train.cuda_graphs, or train in one process",
+            )
+        distributed.choose_backend(config.train.backend, resolve_device(config.device.type))
+        if config.device.type in ("auto", "cuda") and torch.cuda.is_available():
+            distributed.check_devices(torch.device("cuda"))
+            return resolve_device("cuda", distributed.local_rank())
+    return resolve_device(config.device.type, config.device.index)
 
 
 def train_into(
-    config: Config, device: torch.device, out_dir: Path, runtime: str, varied: list[str]
+    config: Config,
+    device: torch.device,
+    out_dir: Path,
+    runtime: str,
+    varied: list[str],
+    group: distributed.Group = distributed.SINGLE,
 ) -> dict[str, Any]:
     """Seed, build, check the store, train and finish: `run` after its checks."""
     set_threads(config.train.threads)
     seed_everything(config.train.seed, config.train.deterministic, device)
     uri = config.tracking.uri or default_tracking_uri()
-    if config.tracking.enabled:
+    tracking = config.tracking.enabled and group.main
+    if tracking:
         check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
     status = (  # the resumed run's, checked before any step, not after the first flush
-        resumed_status(config, resume_from, uri)
-        if resume_from and config.tracking.enabled
-        else None
+        resumed_status(config, resume_from, uri) if resume_from and tracking else None
     )
     try:
         pieces = build(config, device)
@@ -74,9 +110,13 @@ def train_into(
             raise
         raise out_of_memory(device, config, None) from None
     example = check_fit(pieces.model, pieces.loss_fn, pieces.splits, device)
-    batches = make_batches(pieces.splits.train, config.train, device)
+    batches = make_batches(pieces.splits.train, config.train, device, group.rank, group.world_size)
     total = config.train.steps or config.train.epochs * batches.batches_per_epoch
     start, losses = restore(resume_from, pieces)
+    if group.rank > 0:  # dropout draws its own masks on each rank, resumable from the step
+        torch.manual_seed(hash((config.train.seed, group.rank, start)) % 2**63)
+    trained = distributed.wrap(pieces.model, group, device)  # DDP under torchrun
+    devices = group.gather(describe_device(device).name)  # a collective: every rank
     finishing = resume_from is not None and start >= total
     if finishing and status == "FINISHED":
         raise already_finished(config, resume_from, status)
@@ -87,13 +127,17 @@ def train_into(
             uri,
             config.tracking.experiment,
             run_name(config, pieces, device, varied),
-            {**info.as_tags(), **run_tags(config, pieces, runtime)},
+            {
+                **info.as_tags(),
+                **run_tags(config, pieces, runtime),
+                **distributed_tags(config, group, devices),
+            },
             flatten(as_dict(config)),
             config.tracking.flush_every_s,
             resume_run_id=resume_from["run_id"] if resume_from else "",
             spool_dir=out_dir / "spool",
         )
-        if config.tracking.enabled
+        if tracking
         else NoRun()
     )
     with tracker as tracked:
@@ -125,7 +169,7 @@ def train_into(
         else:
             try:
                 fitted = fit(
-                    pieces.model,
+                    trained,
                     batches,
                     pieces.loss_fn,
                     pieces.optimizer,
@@ -137,15 +181,22 @@ def train_into(
                     total=total,
                     start=start,
                     losses=losses,
-                    save=save,
+                    save=save if group.main else None,
                     stop=stop,
                     loss_every=config.tracking.loss_every,
                     window_values=resume_from.get("window") if resume_from else None,
+                    group=group,
                 )
             except (torch.OutOfMemoryError, RuntimeError) as error:
-                if not is_out_of_memory(error):
-                    raise
-                raise out_of_memory(device, config, pieces) from None
+                if is_out_of_memory(error):
+                    raise out_of_memory(device, config, pieces) from None
+                if group.active and distributed.collective_failed(error):
+                    # torchrun now sends SIGTERM to the ranks left: this one ends FAILED first.
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    raise distributed.lost_rank(group, error) from None
+                raise
+            if not group.main:
+                return {}
             save(total, fitted.losses, [], fitted.timings)  # the final phase restarts here
         result = finish(
             config,
@@ -160,19 +211,33 @@ def train_into(
             startup_s,
             uri if config.tracking.enabled else None,
         )
-    if config.tracking.enabled:
+    if tracking:
         where = (
             f"its record waits in {tracker.waiting} (python -m reprotrain.replay sends it)"
             if tracker.waiting
-            else f"browse it with: mlflow ui --backend-store-uri {redact(uri)}"
+            else where_to_look(uri, tracker.experiment_id, result["run_id"])
         )
         print(
-            f"reprotrain: run {result['run_id']} FINISHED (experiment "
-            f"{config.tracking.experiment!r}); outputs in {out_dir}; {where}",
+            f"reprotrain: run {result['run_id']} FINISHED in experiment "
+            f"{config.tracking.experiment!r}; outputs in {out_dir}; {where}",
             file=sys.stderr,
             flush=True,
         )
     return result
+
+
+def distributed_tags(
+    config: Config, group: distributed.Group, devices: list[str]
+) -> dict[str, str]:
+    """A torchrun job's shape: world size, backend, global batch, every rank's device."""
+    if not group.active:
+        return {}
+    return {
+        "dist.world_size": str(group.world_size),
+        "dist.backend": group.backend,
+        "dist.global_batch_size": str(config.train.batch_size * group.world_size),
+        "dist.devices": "; ".join(f"{rank}: {name}" for rank, name in enumerate(devices)),
+    }
 
 
 def resumed_status(config: Config, state: dict[str, Any], uri: str) -> str:

@@ -31,6 +31,7 @@ from reprotrain.tracking.store import (
     prepare_store,
     redact,
     run_status,
+    where_to_look,
 )
 
 __all__ = [
@@ -58,4 +59,5 @@ __all__ = [
     "redact",
     "run_status",
     "sweep",
+    "where_to_look",
 ]

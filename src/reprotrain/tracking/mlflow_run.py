@@ -41,7 +41,7 @@ from reprotrain.tracking.spool import (
     quiet_store_errors,
     unavailable_reason,
 )
-from reprotrain.tracking.store import ensure_experiment, prepare_store, redact
+from reprotrain.tracking.store import ensure_experiment, prepare_store, redact, where_to_look
 
 RUN_ID_ENV = "REPROTRAIN_RUN_ID"  # a launcher that created the run hands it to the container
 MAX_PARAMS = 100  # MLflow's limit of params per log_batch call
@@ -55,11 +55,11 @@ class TrackedRun:
     """One MLflow run whose end status always matches how the process ended.
 
     The run is opened on a background thread started as the first step starts (`start()`,
-    or the first metric): importing MLflow and opening a sqlite store take ~2 s here, and
-    this way they overlap the first steps (torch releases the GIL while it computes) instead
-    of delaying them; the warm-up steps, left out of the timing, absorb most of it. Metrics
-    wait in the buffer until the run is open. `ready()` joins the thread and re-raises
-    anything it hit.
+    or the first metric): importing MLflow and opening a sqlite store take ~3 s here, and
+    this way they overlap the warm-up steps (torch releases the GIL while it computes). The
+    loop waits for the run (`ready()`) before its timing window starts, so none of it lands
+    in the recorded timings. Metrics wait in the buffer until the run is open. `ready()`
+    joins the thread and re-raises anything it hit.
 
     With `spool_dir`, what the store does not take while it is away (a server that does not
     answer, a sqlite store locked past its busy timeout, deleted or full) goes to a spool
@@ -190,6 +190,11 @@ class TrackedRun:
         self.ready()
         return self._run_id
 
+    @property
+    def experiment_id(self) -> str:
+        self.ready()
+        return self._experiment_id
+
     def log_metric(self, key: str, value: float, step: int) -> None:
         self.start()
         self.metrics.add(key, value, step)
@@ -318,6 +323,14 @@ class TrackedRun:
                 f"reprotrain: warning: the tracking store {redact(self.uri)} is still "
                 f"unavailable; run {self._run_id} ends {status} once you send the rest with: "
                 f"python -m reprotrain.replay {self.spool.path}",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif status == "KILLED":
+            print(
+                f"reprotrain: run {self._run_id} KILLED; continue it with the same command "
+                f"and train.resume={self._run_id}; "
+                f"{where_to_look(self.uri, self._experiment_id, self._run_id)}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import json
 import re
 import tempfile
 import urllib.error
@@ -38,12 +39,31 @@ def redact(text: str) -> str:
     return CREDENTIALS.sub(r"\1:***@", text)
 
 
+UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def where_to_look(uri: str, experiment_id: str, run_id: str) -> str:
+    """How to see a run: the UI command for a local store (nothing for a server, which is the
+    UI) and the run's page."""
+    path = f"#/experiments/{experiment_id}/runs/{run_id}"
+    if uri.startswith(("http://", "https://")):
+        return f"open {redact(uri).rstrip('/')}/{path}"
+    return f"see it with: mlflow ui --backend-store-uri {redact(uri)}, then open {UI_URL}/{path}"
+
+
+DATABASES = ("postgresql", "mysql", "mssql")
+ARTIFACT_PROBE_S = 30.0  # SQLAlchemy URIs MLflow takes as a backend store
+
+
 def check_store(uri: str, timeout_s: float) -> None:
     """Fail fast with a clear line: MLflow's own retries take minutes to give up."""
     if uri.startswith(("http://", "https://")):
         _check_server(uri, timeout_s)
+        _check_served_artifacts(uri, timeout_s)
     elif uri.startswith("sqlite:///"):
         _check_sqlite(Path(uri.removeprefix("sqlite:///")))
+    elif uri.split(":", 1)[0].split("+", 1)[0] in DATABASES:
+        _check_database(uri, timeout_s)
     elif uri.startswith("file:") or "://" not in uri:
         raise TrackingError(
             f"tracking.uri={redact(uri)!r}: plain file stores are not supported by MLflow 3.13+",
@@ -51,15 +71,20 @@ def check_store(uri: str, timeout_s: float) -> None:
         )
 
 
-def _check_server(uri: str, timeout_s: float) -> None:
+def _server_request(uri: str, path: str) -> urllib.request.Request:
+    """A request to `path` on the server at `uri`, with its user:password@ sent as MLflow
+    sends it (basic auth), not in the URL."""
     parts = urllib.parse.urlsplit(uri)
-    request = urllib.request.Request(  # noqa: S310 - http(s) only, checked by the caller
-        urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
-        + "/health"
-    )
-    if parts.username is not None:  # user:password@ in the URI, sent as MLflow sends it
+    base = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    request = urllib.request.Request(base.rstrip("/") + path)  # noqa: S310 - http(s) only
+    if parts.username is not None:
         token = f"{parts.username}:{parts.password or ''}".encode()
         request.add_header("Authorization", f"Basic {base64.b64encode(token).decode()}")
+    return request
+
+
+def _check_server(uri: str, timeout_s: float) -> None:
+    request = _server_request(uri, "/health")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
             if response.status == 200:
@@ -74,6 +99,76 @@ def _check_server(uri: str, timeout_s: float) -> None:
         hint="start it (mlflow server --host 127.0.0.1 --port PORT), fix tracking.uri / "
         "MLFLOW_TRACKING_URI, or run with tracking.enabled=false",
     )
+
+
+def _check_served_artifacts(uri: str, timeout_s: float) -> None:
+    """A server that proxies artifacts (`mlflow server --artifacts-destination s3://...`)
+    lists its root here; a store that refuses the server's credentials would otherwise fail
+    the run's artifacts at its very end. A server that serves no artifacts answers 404/503.
+    The server's first listing loads its storage client: it gets more time than /health."""
+    try:
+        with urllib.request.urlopen(  # noqa: S310
+            _server_request(uri, "/api/2.0/mlflow-artifacts/artifacts"),
+            timeout=max(timeout_s, ARTIFACT_PROBE_S),
+        ):
+            return
+    except urllib.error.HTTPError as error:
+        try:
+            message = str(json.loads(error.read() or b"{}").get("message", ""))
+        except ValueError:
+            message = ""
+    except (urllib.error.URLError, OSError):
+        return  # it answered /health a moment ago: the run's own retries take it from here
+    if message.startswith("Failed to list artifacts"):
+        raise TrackingError(
+            f"tracking server {redact(uri)}: its artifact store refused it ({message[:300]})",
+            hint="give the server credentials its artifact store accepts (on the server: "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, MLFLOW_S3_ENDPOINT_URL), or start it "
+            "with --no-serve-artifacts",
+        )
+
+
+def _check_database(uri: str, timeout_s: float) -> None:
+    """A database backend store (postgresql://...): driver, server and credentials, checked
+    with one connection through SQLAlchemy (MLflow's own way in)."""
+    import sqlalchemy
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+    scheme = uri.split(":", 1)[0]
+    fix = f"fix tracking.uri / MLFLOW_TRACKING_URI ({scheme}://user:password@host:port/db)"
+    try:
+        engine = sqlalchemy.create_engine(
+            uri, connect_args={"connect_timeout": max(1, round(timeout_s))}
+        )
+    except ModuleNotFoundError as error:
+        raise TrackingError(
+            f"tracking.uri={redact(uri)!r}: the database driver is not installed ({error})",
+            hint="install reprotrain's lock (scripts/setup.sh), which has psycopg for "
+            "postgresql://; another database needs its own SQLAlchemy driver",
+        ) from None
+    except (ArgumentError, NoSuchModuleError) as error:
+        raise TrackingError(
+            f"tracking.uri={redact(uri)!r} is not a database URI SQLAlchemy takes ({error})",
+            hint=fix,
+        ) from None
+    try:
+        with engine.connect():
+            pass
+    except OperationalError as error:
+        reason = redact(str(error.orig or error).strip().splitlines()[0])
+        refused = "authentication failed" in reason or "Access denied" in reason
+        raise TrackingError(
+            f"tracking store {redact(uri)} "
+            + ("refused the credentials" if refused else f"did not answer within {timeout_s:g}s")
+            + f" ({reason[:300]})",
+            hint=(
+                "give the right user and password in tracking.uri / MLFLOW_TRACKING_URI"
+                if refused
+                else "start the database or " + fix
+            ),
+        ) from None
+    finally:
+        engine.dispose()
 
 
 def _check_sqlite(db: Path) -> None:
@@ -139,6 +234,14 @@ def ensure_experiment(client: Any, name: str) -> str:
             experiment = client.get_experiment_by_name(name)
             if experiment is None:
                 raise
+    served = experiment.artifact_location.startswith("mlflow-artifacts:")
+    if served and not client.tracking_uri.startswith(("http://", "https://")):
+        raise TrackingError(
+            f"experiment {name!r} keeps its artifacts on a tracking server "
+            f"({experiment.artifact_location}), which tracking.uri={redact(client.tracking_uri)!r} "
+            "does not reach",
+            hint="use the server's http:// URI as tracking.uri, or another tracking.experiment",
+        )
     if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag, or by someone else
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return experiment.experiment_id
