@@ -110,6 +110,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="default: $MLFLOW_TRACKING_URI or the project's mlflow.db",
     )
     parser.add_argument(
+        "--whole-steps",
+        type=int,
+        default=None,
+        help="steps of each whole-process run (quick: 500, full: 3000)",
+    )
+    parser.add_argument(
+        "--whole-pairs",
+        type=int,
+        default=None,
+        help="alternating pairs of whole-process runs (quick: 1, full: 3)",
+    )
+    parser.add_argument(
         "--crossover",
         action="store_true",
         help="also run the CPU-vs-GPU crossover study (on in --full)",
