@@ -5,7 +5,8 @@
 
 A checkpoint holds the model, optimizer and scheduler state, the step, torch's RNG state and
 the losses so far; the batch order is re-derived from the seed, so on CPU the continued losses equal an
-uninterrupted run's bit for bit. It is written every `train.checkpoint_every` steps, when
+uninterrupted run's bit for bit. It is written every `train.checkpoint_every_s` seconds (and
+`train.checkpoint_every` steps when set; loop.CheckpointCadence), when
 the run is stopped (Ctrl-C, SIGTERM, docker stop) and after the last step, always atomically.
 
 It also keeps what the MLflow run had not been sent yet (`unsent` metric points, the losses
