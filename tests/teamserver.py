@@ -57,6 +57,42 @@ def stop_group(proc: subprocess.Popen | None) -> None:
         proc.wait()
 
 
+def mlflow_server(
+    port: int,
+    backend_store_uri: str,
+    *options: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    log: Path | None = None,
+) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:`port` in its own process group, once /health answers."""
+    proc = subprocess.Popen(
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            backend_store_uri,
+            *options,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=cwd,
+        env=env or child_env(),
+        stdout=log.open("w") if log else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    health = f"http://127.0.0.1:{port}/health"
+    wait_until(
+        lambda: urllib.request.urlopen(health, timeout=2).status == 200, "mlflow server", proc, 180
+    )
+    return proc
+
+
 class Postgres:
     """initdb + pg_ctl as the `postgres` user (as root) or as this user, on a free port."""
 
@@ -215,31 +251,13 @@ class TeamServer:
 
     def start(self) -> TeamServer:
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [
-                str(BIN / "mlflow"),
-                "server",
-                "--backend-store-uri",
-                self.postgres.uri(),
-                "--artifacts-destination",
-                f"s3://{self.s3.bucket}/mlflow",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                "1",
-            ],
+        self.proc = mlflow_server(
+            self.port,
+            self.postgres.uri(),
+            "--artifacts-destination",
+            f"s3://{self.s3.bucket}/mlflow",
             env=child_env(**self.s3.credentials(self.secret)),
-            stdout=(self.folder / "server.log").open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        health = f"{self.uri}/health"
-        wait_until(
-            lambda: urllib.request.urlopen(health, timeout=2).status == 200,
-            "mlflow server",
-            self.proc,
+            log=self.folder / "server.log",
         )
         return self
 

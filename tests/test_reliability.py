@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, Store, child_env, start_training, train, wait_for_losses
+from teamserver import mlflow_server
 
 LONG = [
     "train.steps=3000",
@@ -194,35 +195,7 @@ class MlflowServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        import urllib.request
-
-        self.proc = subprocess.Popen(
-            [
-                str(Path(PYTHON).parent / "mlflow"),
-                "server",
-                "--backend-store-uri",
-                self.store.uri,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                "1",
-            ],
-            cwd=self.folder,
-            env=child_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise AssertionError("mlflow server did not start")
+        self.proc = mlflow_server(self.port, self.store.uri, cwd=self.folder)
 
     def stop(self) -> None:
         import os
