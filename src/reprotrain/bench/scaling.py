@@ -12,7 +12,6 @@ buys; on a machine with N GPUs it is the real scaling.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from reprotrain.bench.startup import child_env
 from reprotrain.tracking import prepare_store
 
 SCALING_PROCESSES = 2  # on the CPU; on CUDA, one process per GPU
@@ -35,7 +35,7 @@ def scaling(
     """samples/s of 1 and of `processes` processes on `device`, and the efficiency."""
     uri = f"sqlite:///{workdir / 'scaling.db'}"
     prepare_store(uri)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPROTRAIN_", "HYDRA_"))}
+    env = child_env()
     common = [
         "-m",
         "reprotrain.train",

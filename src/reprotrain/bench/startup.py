@@ -17,6 +17,13 @@ from typing import Any
 
 from reprotrain.tracking import prepare_store
 
+
+def child_env() -> dict[str, str]:
+    """This environment without reprotrain's and Hydra's own variables: each child process
+    starts as a user's fresh command would."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("REPROTRAIN_", "HYDRA_"))}
+
+
 SMOKE_RUN = ("-m", "reprotrain.train", "experiment=smoke", "runtime=local")
 
 
@@ -24,7 +31,7 @@ def startup_time(repeats: int, workdir: Path) -> dict[str, Any]:
     """Process start to first training step of the smoke run, as run.json reports it."""
     uri = f"sqlite:///{workdir / 'startup.db'}"
     prepare_store(uri)  # a user's store exists already; creating one is not start-up
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPROTRAIN_", "HYDRA_"))}
+    env = child_env()
     runs, walls = [], []
     for i in range(repeats):
         out_dir = workdir / f"startup-{i}"
@@ -63,7 +70,7 @@ def whole_process(steps: int, batch_size: int, pairs: int, workdir: Path) -> dic
     outputs) for the same steps and batch size. Imports are included in both."""
     uri = f"sqlite:///{workdir / 'whole.db'}"
     prepare_store(uri)  # a user's store exists already
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REPROTRAIN_", "HYDRA_"))}
+    env = child_env()
     commands = {
         "lesson": [
             sys.executable,

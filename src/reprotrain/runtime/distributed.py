@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from reprotrain.devices import describe_device
 from reprotrain.errors import ConfigError, DeviceError, UserError
 
 ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -41,23 +42,27 @@ class RankLost(UserError):
 
 
 @dataclass(frozen=True)
+class Member:
+    """One rank of the job: where it runs (to tell which one is gone) and on what device."""
+
+    host: str
+    pid: int
+    device: str  # describe_device's name: the GPU model or the CPU's
+
+
+@dataclass(frozen=True)
 class Group:
     """This process's place in the job: rank 0 of 1 outside torchrun."""
 
     rank: int = 0
-    local_rank: int = 0
     world_size: int = 1
     backend: str = ""
-    members: tuple[tuple[str, int], ...] = field(default=())  # (host, pid) per rank
-    joined: bool = False  # in torchrun's process group (also with one process)
+    members: tuple[Member, ...] = field(default=())  # every rank, in rank order
+    active: bool = False  # in torchrun's process group (also with one process)
 
     @property
     def main(self) -> bool:
         return self.rank == 0
-
-    @property
-    def active(self) -> bool:
-        return self.joined
 
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         """The mean of `values` over all ranks (each rank holds its own)."""
@@ -74,14 +79,6 @@ class Group:
         value = torch.tensor([1.0 if flag else 0.0], device=device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
-
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's `value`, in rank order."""
-        if not self.active:
-            return [value]
-        values: list[Any] = [None] * self.world_size
-        dist.all_gather_object(values, value)
-        return values
 
 
 SINGLE = Group()
@@ -123,7 +120,8 @@ def choose_backend(requested: str, device: torch.device) -> str:
 
 
 def join(requested_backend: str, timeout_s: float, device: torch.device) -> Group:
-    """Join torchrun's process group (a no-op outside torchrun)."""
+    """Join torchrun's process group (a no-op outside torchrun) and learn every rank's host,
+    pid and device in one exchange."""
     if not under_torchrun():
         return SINGLE
     backend = choose_backend(requested_backend, device)
@@ -135,21 +133,19 @@ def join(requested_backend: str, timeout_s: float, device: torch.device) -> Grou
         device_id=device if device.type == "cuda" else None,
     )
     members: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(members, (socket.gethostname(), os.getpid()))
+    here = Member(socket.gethostname(), os.getpid(), describe_device(device).name)
+    dist.all_gather_object(members, here)
     return Group(
         rank=dist.get_rank(),
-        local_rank=int(os.environ["LOCAL_RANK"]),
         world_size=dist.get_world_size(),
         backend=backend,
-        members=tuple((str(host), int(pid)) for host, pid in members),
-        joined=True,
+        members=tuple(members),
+        active=True,
     )
 
 
-def check_devices(device: torch.device) -> None:
+def check_devices() -> None:
     """Each rank on its own GPU: LOCAL_RANK must name a visible one."""
-    if device.type != "cuda" or not under_torchrun():
-        return
     count, rank = torch.cuda.device_count(), local_rank()
     if rank >= count:
         raise DeviceError(
@@ -176,9 +172,9 @@ def lost_rank(group: Group, error: BaseException) -> RankLost:
     """What a failed collective means: which rank is gone, where that can be seen."""
     here = socket.gethostname()
     missing = [
-        f"rank {rank} (pid {pid})"
-        for rank, (host, pid) in enumerate(group.members)
-        if rank != group.rank and host == here and gone(pid)
+        f"rank {rank} (pid {member.pid})"
+        for rank, member in enumerate(group.members)
+        if rank != group.rank and member.host == here and gone(member.pid)
     ]
     who = ", ".join(missing) if missing else "another rank"
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip())  # gloo's "[source:line] "

@@ -6,6 +6,7 @@ loop, write the outputs. The container runtime runs this same function inside th
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -59,10 +60,10 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
     )
     check_writable(Path(config.train.checkpoint_dir), "train.checkpoint_dir")  # also on Ctrl-C
     group = distributed.join(config.train.backend, config.train.dist_timeout_s, device)
+    # Rank 0 alone writes outputs; another run writing there is a warning.
+    claimed = claim(out_dir, "train.output_dir") if group.main else contextlib.nullcontext()
     try:
-        if not group.main:  # rank 0 alone writes outputs and records the run
-            return train_into(config, device, out_dir, runtime, varied or [], group)
-        with claim(out_dir, "train.output_dir"):  # another run writing there is a warning
+        with claimed:
             return train_into(config, device, out_dir, runtime, varied or [], group)
     finally:
         distributed.leave(group)
@@ -76,9 +77,8 @@ def place(config: Config) -> torch.device:
                 "train.cuda_graphs=true under torchrun; allowed: CUDA graphs in one process",
                 hint="drop train.cuda_graphs, or train in one process",
             )
-        distributed.choose_backend(config.train.backend, resolve_device(config.device.type))
         if config.device.type in ("auto", "cuda") and torch.cuda.is_available():
-            distributed.check_devices(torch.device("cuda"))
+            distributed.check_devices()
             return resolve_device("cuda", distributed.local_rank())
     return resolve_device(config.device.type, config.device.index)
 
@@ -116,7 +116,6 @@ def train_into(
     if group.rank > 0:  # dropout draws its own masks on each rank, resumable from the step
         torch.manual_seed(hash((config.train.seed, group.rank, start)) % 2**63)
     trained = distributed.wrap(pieces.model, group, device)  # DDP under torchrun
-    devices = group.gather(describe_device(device).name)  # a collective: every rank
     finishing = resume_from is not None and start >= total
     if finishing and status == "FINISHED":
         raise already_finished(config, resume_from, status)
@@ -130,7 +129,7 @@ def train_into(
             {
                 **info.as_tags(),
                 **run_tags(config, pieces, runtime),
-                **distributed_tags(config, group, devices),
+                **distributed_tags(config, group),
             },
             flatten(as_dict(config)),
             config.tracking.flush_every_s,
@@ -226,9 +225,7 @@ def train_into(
     return result
 
 
-def distributed_tags(
-    config: Config, group: distributed.Group, devices: list[str]
-) -> dict[str, str]:
+def distributed_tags(config: Config, group: distributed.Group) -> dict[str, str]:
     """A torchrun job's shape: world size, backend, global batch, every rank's device."""
     if not group.active:
         return {}
@@ -236,7 +233,7 @@ def distributed_tags(
         "dist.world_size": str(group.world_size),
         "dist.backend": group.backend,
         "dist.global_batch_size": str(config.train.batch_size * group.world_size),
-        "dist.devices": "; ".join(f"{rank}: {name}" for rank, name in enumerate(devices)),
+        "dist.devices": "; ".join(f"{rank}: {m.device}" for rank, m in enumerate(group.members)),
     }
 
 
