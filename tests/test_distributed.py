@@ -211,13 +211,14 @@ def test_a_killed_rank_fails_the_run_naming_it(tmp_path: Path) -> None:
 def test_bad_input_under_torchrun_is_one_line_per_rank(
     tmp_path: Path, overrides: tuple[str, ...], message: str
 ) -> None:
-    """Each rank prints the one line and exits 2 before any run exists; torchrun then adds
-    its own failure summary."""
+    """The ranks say the one line and exit 2 before any run exists; torchrun then stops the
+    ranks left (one that has not said it yet never will: SIGTERM) and adds its own failure
+    summary."""
     store = Store(tmp_path)
     done = torchrun(tmp_path, store, tmp_path / "results", "train.steps=10", *overrides)
     assert done.returncode != 0
     ours = [line for line in done.stderr.splitlines() if line.startswith("reprotrain: error:")]
-    assert len(ours) == 2 and all(message in line for line in ours), done.stderr[-3000:]
+    assert 1 <= len(ours) <= 2 and all(message in line for line in ours), done.stderr[-3000:]
     assert 'File "' + str(Path(__file__).parents[1] / "src") not in done.stderr
     assert not store.path.exists() or not store.runs()
 

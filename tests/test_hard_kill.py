@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -15,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import (
@@ -22,6 +24,7 @@ from conftest import (
     Store,
     _capability_skip,
     child_env,
+    kill_trainer,
     start_training,
     train,
     wait_for_losses,
@@ -83,7 +86,7 @@ def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path:
     store = ready_store(tmp_path)
     proc = start_training(tmp_path, store.uri, *KILLABLE)
     wait_for_losses(store, 350, proc)  # past a checkpoint, with points sent after it
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)  # with its tracking worker: docker kill, a cgroup OOM
     proc.wait(timeout=30)
     run_id = store.only_run().info.run_id
     assert store.only_run().info.status == "RUNNING"  # what kill -9 leaves
@@ -111,6 +114,29 @@ def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path:
     )  # loss.csv keeps 6 significant digits
 
 
+def test_sigkill_of_the_training_process_alone_is_ended_by_its_worker(tmp_path: Path) -> None:
+    """kill -9 of the training process (the OOM killer picks the largest): its tracking worker
+    ends the run KILLED within seconds, saying so, and a resume records every step once."""
+    store = ready_store(tmp_path)
+    proc = start_training(tmp_path, store.uri, *KILLABLE)
+    wait_for_losses(store, 350, proc)
+    kill_trainer(proc)  # returns once the worker has exited
+    run = store.only_run()
+    run_id = run.info.run_id
+    assert run.info.status == "KILLED"
+    assert run.data.tags["error"] == (
+        f"the training process (pid {proc.pid}) ended without ending its run "
+        "(killed, or out of memory)"
+    )
+    assert run.data.tags["reprotrain.pid"] == str(proc.pid)  # the owner is the trainer
+
+    resumed = train(tmp_path, store, *KILLABLE, f"train.resume={run_id}")
+    assert "Traceback" not in resumed.stderr
+    run = store.only_run()
+    assert run.info.status == "FINISHED" and "error" not in run.data.tags
+    assert steps_recorded(store, run_id) == list(range(1, 1501))
+
+
 def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     tmp_path: Path,
 ) -> None:
@@ -122,8 +148,7 @@ def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     stale.write_bytes(b"half")
     proc = start_training(tmp_path, store.uri, *KILLABLE)
     wait_for(out / "config.yaml", proc)  # the final phase's first output
-    proc.kill()
-    proc.wait(timeout=30)
+    kill_trainer(proc)
     assert not (out / "metrics.json").exists()  # killed before the end
     run_id = store.only_run().info.run_id
 
@@ -236,6 +261,34 @@ def test_store_deleted_mid_run_keeps_the_record_and_says_how_to_send_it(tmp_path
     assert replay.returncode == 2 and "Traceback" not in replay.stderr
     assert f"to run {run_id}" in replay.stderr and "fix:" in replay.stderr
     assert spooled.is_file()  # nothing was sent: nothing left the file
+
+
+def test_tracking_worker_killed_mid_run_loses_nothing(tmp_path: Path) -> None:
+    """kill -9 of the run's tracking worker alone: training goes on, the rest of the record
+    goes to the spool file, the end says how to send it, and the replay leaves the run
+    FINISHED with every step once and its artifacts."""
+    store = ready_store(tmp_path)
+    proc = start_training(tmp_path, store.uri, "train.steps=3000", *KILLABLE[1:])
+    wait_for_losses(store, 300, proc)
+    (worker,) = psutil.Process(proc.pid).children()
+    worker.kill()
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-5000:]
+    run_id = store.only_run().info.run_id
+    spooled = tmp_path / "results" / "spool" / f"{run_id}.jsonl"
+    assert f"the tracking process (pid {worker.pid})" in stderr and "killed by SIGKILL" in stderr
+    assert f"python -m reprotrain.replay {spooled}" in stderr
+    assert f"the MLflow Model of run {run_id} was not logged" in stderr
+    assert store.only_run().info.status == "RUNNING"  # until the replay
+    replay = module(tmp_path, "replay", str(spooled))
+    assert replay.returncode == 0, replay.stderr
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    assert steps_recorded(store, run_id) == list(range(1, 3001))
+    artifacts = {a.path for a in store.client.list_artifacts(run_id)}
+    assert {"config.yaml", "loss.csv", "loss.svg", "model.pt"} <= artifacts
+    assert not spooled.exists()
 
 
 @pytest.fixture
@@ -402,15 +455,15 @@ def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
 
 
 def kill_at(phase: str, proc: subprocess.Popen, out: Path, delay: float) -> None:
-    """SIGKILL `proc` `delay` seconds into `phase`: "training" (from the start), "final" (from
-    the final phase's first output) or "end" (from metrics.json, its last, while the process
-    ends its MLflow run)."""
+    """SIGKILL `proc` and its tracking worker `delay` seconds into `phase`: "training" (from
+    the start), "final" (from the final phase's first output) or "end" (from metrics.json,
+    its last, while the process ends its MLflow run)."""
     if phase == "final":
         wait_for(out / "config.yaml", proc)
     elif phase == "end":
         wait_for(out / "metrics.json", proc)
     time.sleep(delay)
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
 
 

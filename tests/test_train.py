@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
+import psutil
 import pytest
 import torch
 
@@ -22,6 +24,7 @@ from conftest import (
     run_app,
     start_training,
     train,
+    train_args,
     wait_for_losses,
 )
 from reprotrain.loop import CheckpointCadence
@@ -314,7 +317,10 @@ def test_signal_mid_run_ends_killed_with_metrics_kept(
     )
     try:
         wait_for_losses(store, 50, proc)
-        proc.send_signal(sig)
+        if sig == signal.SIGINT:  # Ctrl-C: a terminal signals the process group, worker too
+            os.killpg(proc.pid, sig)
+        else:  # what docker stop and dvc send: the process alone
+            proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -416,12 +422,15 @@ def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store) 
 def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Store) -> None:
     """MLflow's import and opening, flushes, checkpoints and outputs stay out of the timing
     window: a 300-step and a 3000-step run of one config record samples/s within 10% of each
-    other (median of 2 alternating pairs), each run's phase means add up to its median step
-    within 10%, and checkpoints take at most 1% of the training time."""
-    recorded: dict[int, list[dict]] = {300: [], 3000: []}
-    for _ in range(2):
-        for steps in recorded:
-            out = tmp_path / f"run-{steps}-{len(recorded[steps])}"
+    other (the median over 3 pairs of the two run one after the other: a shared machine's
+    speed drifts by more than 10% over a minute, and the two runs of a pair meet the same),
+    each run's phase means add up to its median step within 10%, and checkpoints take at
+    most 1% of the training time."""
+    ratios = []
+    for pair in range(3):
+        recorded = {}
+        for steps in (300, 3000):
+            out = tmp_path / f"run-{steps}-{pair}"
             train(
                 tmp_path,
                 store,
@@ -431,14 +440,43 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
                 "tracking.log_model=false",
                 f"train.output_dir={out}",
             )
-            recorded[steps].append(json.loads((out / "run.json").read_text()))
-    for metrics in recorded[300] + recorded[3000]:
-        phases = sum(metrics[f"{phase}_ms_mean"] for phase in PHASES)
-        assert phases == pytest.approx(metrics["step_ms_median"], rel=0.10), metrics
-        training_s = metrics["steps"] * metrics["batch_size"] / metrics["samples_per_s"]
-        assert metrics["checkpoint_s"] <= 0.01 * training_s, metrics
-    short, long = (statistics.median(m["samples_per_s"] for m in recorded[n]) for n in recorded)
-    assert short == pytest.approx(long, rel=0.10), (short, long)
+            metrics = json.loads((out / "run.json").read_text())
+            phases = sum(metrics[f"{phase}_ms_mean"] for phase in PHASES)
+            assert phases == pytest.approx(metrics["step_ms_median"], rel=0.10), metrics
+            training_s = metrics["steps"] * metrics["batch_size"] / metrics["samples_per_s"]
+            assert metrics["checkpoint_s"] <= 0.01 * training_s, metrics
+            recorded[steps] = metrics["samples_per_s"]
+        ratios.append(recorded[300] / recorded[3000])
+    assert statistics.median(ratios) == pytest.approx(1.0, rel=0.10), ratios
+
+
+def test_the_training_process_leaves_mlflow_to_its_tracking_worker(
+    tmp_path: Path, store: Store
+) -> None:
+    """MLflow is imported, the store opened and the MLflow Model logged by the run's tracking
+    worker (tracking/worker.py), beside training: the training process never imports MLflow,
+    and the run is whole (FINISHED, every step's loss, the model loadable)."""
+    result = subprocess.run(
+        [PYTHON, "-X", "importtime", *train_args(tmp_path, store.uri, "experiment=smoke")[1:]],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = [
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
+    assert "torch" in imported  # the list is this process's own imports
+    assert not [name for name in imported if name.split(".")[0] == "mlflow"]
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    assert [step for step, _ in store.losses(run.info.run_id)] == list(range(1, SMOKE_STEPS + 1))
+    assert [m.name for m in logged_models(store, run.info.run_id)] == ["model"]
+    assert not psutil.Process().children(recursive=True)  # the worker is gone with its run
 
 
 def test_checkpoints_by_steps_and_by_time_within_one_percent() -> None:

@@ -19,6 +19,7 @@ import psutil
 import torch
 
 from reprotrain.errors import DeviceError
+from reprotrain.host import in_container
 
 
 def resolve_device(kind: str, index: int | None = None) -> torch.device:
@@ -101,12 +102,6 @@ def _cgroup_memory_left() -> int | None:
     except (OSError, ValueError):
         return None
     return None if limit == "max" else max(int(limit) - used, 0)
-
-
-def in_container() -> bool:
-    """Inside reprotrain's own image, which sets REPROTRAIN_IN_CONTAINER=1. Not /.dockerenv:
-    some hosts that are not containers (VMs, CI runners) have that file too."""
-    return os.environ.get("REPROTRAIN_IN_CONTAINER") == "1"
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,9 @@ def fit(
         cadence.saved(step, took)
 
     def begin_measuring() -> float:
-        """The throughput clock starts once the run is open and the warm-up is done: MLflow's
-        import and set-up never land inside the timings, whatever the run's length."""
+        """The throughput clock starts once the warm-up is done and the run is open, its
+        tracking worker idle (tracking/worker.py): MLflow's imports and set-up never share
+        the CPU with a timed step, whatever the run's length."""
         recorder.ready()
         synchronize(device)  # sync point: the clock starts with the device idle
         for key in bookkeeping_s:
@@ -150,7 +151,7 @@ def fit(
         return time.perf_counter()
 
     step = start
-    recorder.start()  # the MLflow run opens on its own thread during the warm-up steps
+    recorder.start()  # the MLflow run opens in the tracking worker beside the warm-up steps
     if warmup_end == start:  # no warm-up: measure from the first step
         measure_from = begin_measuring()
     stop.in_loop = True

@@ -62,6 +62,9 @@ def finish(
 ) -> dict[str, Any]:
     began = time.perf_counter()
     model = pieces.model
+    if config.tracking.log_model:  # first: the tracking worker logs it while this evaluates
+        cpu_model = copy.deepcopy(model).cpu()  # loadable on a machine without this device
+        tracked.log_model(cpu_model, example, registered_name=config.tracking.register_as)
     val_loss, val_accuracy, _ = evaluate(
         model, val_batches(pieces.splits.val, device), pieces.loss_fn, device
     )
@@ -87,10 +90,7 @@ def finish(
     }
     if device.type == "cuda":
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    write_outputs(config, pieces, fitted, tracked, out_dir, info)
-    if config.tracking.log_model:
-        cpu_model = copy.deepcopy(model).cpu()  # loadable on a machine without this device
-        tracked.log_model(cpu_model, example, registered_name=config.tracking.register_as)
+    write_outputs(config, pieces, fitted, tracked, out_dir, info)  # waits for the model too
     result["outputs_s"] = time.perf_counter() - began
     result["total_s"] = time.time() - psutil.Process().create_time()
     tracked.log_metrics(summary_metrics(result), step=total)

@@ -12,7 +12,18 @@ build.py (instantiate data, model, loss, optimizer, scheduler) -> loop.py (the f
 forward, loss, zero_grad, backward, step; step.py) -> tracking/ (MLflow).
 """
 
-from reprotrain.cli import main
+import sys
+
+from reprotrain.tracking import start_early
+
+# Hydra flags under which this process trains nothing itself (a sweep's jobs get their own
+# tracking worker, wherever its launcher runs them).
+TRAINS_NOTHING = ("-m", "--multirun", "-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg")
+
+if __name__ == "__main__" and not {a.split("=")[0] for a in sys.argv[1:]} & set(TRAINS_NOTHING):
+    start_early()  # the run's tracking worker imports MLflow on another core while torch loads
+
+from reprotrain.cli import main  # noqa: E402 - after the worker has started
 
 if __name__ == "__main__":
     main()

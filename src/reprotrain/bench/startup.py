@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from reprotrain.tracking import prepare_store
 
 
@@ -117,28 +119,33 @@ def whole_process(steps: int, batch_size: int, pairs: int, workdir: Path) -> dic
 
 
 def timed_process(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB, "" or what went wrong) of one process. The peak is the kernel's
-    high-water mark of the process's own memory (VmHWM), read every 20 ms while it runs:
-    getrusage's figure for a child also counts the parent's pages it had before exec."""
-    peak_kb = 0
+    """(wall s, peak RSS MB, "" or what went wrong) of one process and its children
+    (reprotrain's tracking worker). The peak is the sum of each one's kernel high-water mark
+    (VmHWM), read every 20 ms while it runs: at most what they held at any one moment, never
+    less. getrusage's figure for a child also counts the parent's pages it had before exec."""
+    peak_kb: dict[int, int] = {}
     with tempfile.TemporaryFile() as errors:
         began = time.perf_counter()
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
-        status = Path(f"/proc/{proc.pid}/status")
         while proc.poll() is None:
             try:
-                for line in status.read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peak_kb = max(peak_kb, int(line.split()[1]))
-            except (OSError, ValueError):
-                pass  # exiting: the last reading stands
+                family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))]
+            except psutil.Error:
+                family = []  # exiting: the last readings stand
+            for pid in family:
+                try:
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmHWM:"):
+                            peak_kb[pid] = max(peak_kb.get(pid, 0), int(line.split()[1]))
+                except (OSError, ValueError):
+                    pass  # exiting: the last reading stands
             time.sleep(0.02)
         wall = time.perf_counter() - began
         if proc.returncode != 0:
             errors.seek(0)
             last = errors.read().decode(errors="replace").strip().splitlines() or ["no output"]
             return wall, float("nan"), f"exited {proc.returncode}: {last[-1]}"
-    return wall, peak_kb / 1024, ""
+    return wall, sum(peak_kb.values()) / 1024, ""
 
 
 def dvc_repro_time(repeats: int, enabled: bool) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from reprotrain.containers import (
     run_container,
 )
 from reprotrain.errors import RuntimeEnvError, UserError
+from reprotrain.host import CONTAINER_ENV
 from reprotrain.project import default_tracking_uri, find_root, git_state
 from reprotrain.schema import Config, as_dict
 from reprotrain.stopping import Interrupted
@@ -39,8 +40,6 @@ from reprotrain.tracking import (
     sweep,
 )
 from reprotrain.tracking.orphans import CONTAINER_NAME_ENV
-
-CONTAINER_ENV = "REPROTRAIN_IN_CONTAINER"
 
 
 def image_kind(config: Config) -> str:

@@ -41,10 +41,12 @@ from reprotrain.seeding import seed_everything
 from reprotrain.stopping import GracefulStop
 from reprotrain.tracking import (
     NoRun,
-    TrackedRun,
+    TrackingWorker,
     check_store,
+    discard_early,
     redact,
     run_status,
+    take_worker,
     where_to_look,
 )
 
@@ -98,6 +100,30 @@ def train_into(
     tracking = config.tracking.enabled and group.main
     if tracking:
         check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
+    # The MLflow run is kept by a process of its own (tracking/worker.py), started before
+    # torch was imported: it opens the store now, on another core, while this one builds.
+    worker = take_worker(uri, config.tracking.log_model) if tracking else None
+    if worker is None:
+        discard_early()
+    try:
+        return train_with(config, device, out_dir, runtime, varied, group, uri, worker)
+    finally:
+        if worker is not None:
+            worker.close()  # a run it holds that was not ended here ends KILLED
+
+
+def train_with(
+    config: Config,
+    device: torch.device,
+    out_dir: Path,
+    runtime: str,
+    varied: list[str],
+    group: distributed.Group,
+    uri: str,
+    worker: TrackingWorker | None,
+) -> dict[str, Any]:
+    """Build, train and finish, recording through `worker` (None: nothing recorded)."""
+    tracking = worker is not None
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
     status = (  # the resumed run's, checked before any step, not after the first flush
@@ -122,8 +148,7 @@ def train_into(
     info = describe_device(device)
     startup_s = time.time() - psutil.Process().create_time()  # process start to first step
     tracker = (
-        TrackedRun(
-            uri,
+        worker.open(
             config.tracking.experiment,
             run_name(config, pieces, device, varied),
             {
@@ -136,7 +161,7 @@ def train_into(
             resume_run_id=resume_from["run_id"] if resume_from else "",
             spool_dir=out_dir / "spool",
         )
-        if tracking
+        if worker is not None
         else NoRun()
     )
     with tracker as tracked:

@@ -3,6 +3,8 @@
 recorder.py     the interface the loop records through (Recorder), NoRun, MetricBuffer,
                 end_status / describe_error (how a run's end maps to its MLflow status)
 mlflow_run.py   TrackedRun: one MLflow run, metrics sent in batches with log_batch
+worker.py       TrackingWorker / WorkerRun: the TrackedRun kept by a process of its own
+                (start_early, take_worker, discard_early)
 mlflow_model.py the run's MLflow Model (mlflow.pytorch.log_model), with its code
 store.py        check_store, prepare_store, ensure_experiment, run_status, redact
 spool.py        what a store that is away, locked or gone did not take, kept to send later
@@ -33,6 +35,13 @@ from reprotrain.tracking.store import (
     run_status,
     where_to_look,
 )
+from reprotrain.tracking.worker import (
+    TrackingWorker,
+    WorkerRun,
+    discard_early,
+    start_early,
+    take_worker,
+)
 
 __all__ = [
     "EXPERIMENT_KIND",
@@ -46,9 +55,12 @@ __all__ = [
     "Recorder",
     "Spool",
     "TrackedRun",
+    "TrackingWorker",
+    "WorkerRun",
     "artifact_location",
     "check_store",
     "describe_error",
+    "discard_early",
     "end_orphans",
     "end_status",
     "ensure_experiment",
@@ -58,6 +70,8 @@ __all__ = [
     "prepare_store",
     "redact",
     "run_status",
+    "start_early",
     "sweep",
+    "take_worker",
     "where_to_look",
 ]

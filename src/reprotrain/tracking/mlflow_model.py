@@ -52,9 +52,7 @@ def log_pytorch_model(
     with torch.no_grad():
         output = snapshot(torch.from_numpy(example))
     signature = infer_signature(example, _as_numpy(output))
-    # Explicit pins: otherwise MLflow spends seconds inferring requirements by importing the
-    # model. A local version label (2.13.0+cpu) is dropped: it names a wheel index, not code.
-    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
+    requirements = pinned_requirements()
 
     with tempfile.TemporaryDirectory(prefix="reprotrain-code-") as scratch:
         code = carried_code(snapshot, Path(scratch))
@@ -86,6 +84,38 @@ def log_pytorch_model(
                     flush=True,
                 )
                 return log("pickle")
+
+
+def pinned_requirements() -> list[str]:
+    """Explicit pins: otherwise MLflow spends seconds inferring requirements by importing the
+    model. A local version label (2.13.0+cpu) is dropped: it names a wheel index, not code."""
+    import mlflow
+    import torch
+
+    return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
+
+
+def stand_in_export(folder: Path) -> None:
+    """Save a two-weight stand-in model into `folder` the way log_pytorch_model logs a run's
+    (torch.export, a signature, an input example), touching no store: the first export of a
+    process loads the machinery of torch.export and of MLflow's model format (~2 s here), so
+    that the run's own export, after it, takes a fraction of that."""
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import infer_signature
+
+    model = torch.nn.Linear(2, 2).eval()
+    example = np.zeros((2, 2), dtype=np.float32)
+    with torch.no_grad():
+        output = model(torch.from_numpy(example)).numpy()
+    mlflow.pytorch.save_model(
+        model,
+        str(folder),
+        signature=infer_signature(example, output),
+        input_example=example,
+        pip_requirements=pinned_requirements(),
+        serialization_format="pt2",
+    )
 
 
 @contextmanager

@@ -11,8 +11,8 @@ A synchronous `log_metric` costs ~10 ms on sqlite. The run's `MetricBuffer` coll
 and sends them with `MlflowClient.log_batch`, at most 1000 a call: every
 tracking.flush_every_s, every 1000 points, and at the end.
 
-MLflow is imported on the thread that opens the run (~2 s here), not when reprotrain starts:
-that way the import overlaps the first training steps.
+A training run keeps its TrackedRun in its tracking worker (worker.py), a process of its own,
+so that MLflow's import and the store's opening never stall the training process.
 """
 
 from __future__ import annotations
@@ -54,12 +54,10 @@ RETRY_AFTER_S = 10.0  # after a failed write, records go straight to the spool t
 class TrackedRun:
     """One MLflow run whose end status always matches how the process ended.
 
-    The run is opened on a background thread started as the first step starts (`start()`,
-    or the first metric): importing MLflow and opening a sqlite store take ~3 s here, and
-    this way they overlap the warm-up steps (torch releases the GIL while it computes). The
-    loop waits for the run (`ready()`) before its timing window starts, so none of it lands
-    in the recorded timings. Metrics wait in the buffer until the run is open. `ready()`
-    joins the thread and re-raises anything it hit.
+    The run is opened on a background thread started by `start()` (or the first metric), so
+    that a store that is locked or restarting can be waited for while the caller goes on.
+    Metrics wait in the buffer until the run is open. `ready()` joins the thread and
+    re-raises anything it hit.
 
     With `spool_dir`, what the store does not take while it is away (a server that does not
     answer, a sqlite store locked past its busy timeout, deleted or full) goes to a spool
@@ -164,8 +162,10 @@ class TrackedRun:
                 self.params = {}  # logged when it started; MLflow params cannot change
         if self.spool_dir is not None:
             self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
+        # The owner is this process unless the tags name another (the training process, for
+        # a run its tracking worker keeps).
         tags = [
-            RunTag(k, redact(str(v))[:MAX_TEXT]) for k, v in {**self.tags, **owner_tags()}.items()
+            RunTag(k, redact(str(v))[:MAX_TEXT]) for k, v in {**owner_tags(), **self.tags}.items()
         ]
         params = [Param(k, _param_text(v)) for k, v in self.params.items()]
         for i in range(0, max(len(params), 1), MAX_PARAMS):
@@ -296,14 +296,19 @@ class TrackedRun:
         error: BaseException | None,
         _tb: TracebackType | None,
     ) -> None:
+        message = describe_error(error)[:MAX_TEXT] if error is not None else ""
+        self.close(end_status(error), message, failing=error is not None)
+
+    def close(self, status: str, message: str = "", failing: bool = False) -> None:
+        """End the run `status` (an `error` tag says `message`), after flushing every point
+        logged. A run that never opened raises why, unless the run is `failing` anyway (the
+        error in flight already says what went wrong)."""
         self.start()  # a run that failed before its first metric is still recorded
         self._opener.join()
         if self._error is not None:
-            if error is None:
+            if not failing:
                 raise self._error  # the run never opened: nothing to end
-            return  # the error in flight already says what went wrong
-        status = end_status(error)
-        message = describe_error(error)[:MAX_TEXT] if error is not None else ""
+            return
         try:
             self.metrics.flush()  # every point logged before the end is kept
         finally:

@@ -1,11 +1,13 @@
-"""Runs left `RUNNING` by a process that is gone (kill -9, the OOM killer, a power cut).
+"""Runs left `RUNNING` by processes that are gone (the training process and its tracking
+worker both killed: kill -9 of the group, a power cut, a container killed).
 
     owner_tags()                                  # who trains this run: tagged when it opens
     ended = end_orphans(client, [experiment_id])  # mark the gone ones KILLED; returns them
     sweep(client, [experiment_id], exclude=run_id)  # the same, said on stderr; never raises
 
-Each run records who owns it: `reprotrain.host`, `reprotrain.pid` and the process's start
-time (`reprotrain.pid_started`, so a reused PID is not taken for the owner), and, in
+Each run records who owns it, its training process: `reprotrain.host`, `reprotrain.pid` and
+the process's start time (`reprotrain.pid_started`, so a reused PID is not taken for the
+owner), and, in
 reprotrain's container, the container's name (`reprotrain.container`). A run is an orphan
 only when that can be proved from here: a process on this host whose PID is gone or belongs
 to another process, or a container the local Docker engine no longer has. Runs owned by
@@ -25,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from reprotrain.devices import in_container
+from reprotrain.host import in_container
 
 HOST_TAG = "reprotrain.host"
 PID_TAG = "reprotrain.pid"

@@ -1,7 +1,8 @@
 """What the training loop records through, whichever store is behind it.
 
-    with recorder:                                   # TrackedRun (MLflow) or NoRun (nothing)
+    with recorder:                                   # WorkerRun, TrackedRun (MLflow) or NoRun
         recorder.start()                             # as the first step starts
+        recorder.ready()                             # the run is open: the timed steps begin
         recorder.log_metric("train/loss", 0.7, step=1)
         recorder.log_model(model, batch_of_inputs)   # at the end
     # the run ends FINISHED, FAILED (an `error` tag says why) or KILLED (end_status)
@@ -31,6 +32,7 @@ class Recorder(Protocol):
     @property
     def run_id(self) -> str: ...
     def start(self) -> None: ...
+    def ready(self) -> None: ...
     def log_metric(self, key: str, value: float, step: int) -> None: ...
     def log_metrics(self, values: dict[str, float], step: int) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
@@ -71,15 +73,18 @@ class NoRun:
 
 class MetricBuffer:
     """Collects metric points and hands them to `send` every `max_points` points, every
-    `max_age_s` seconds (checked as points arrive), and on `flush()`."""
+    `max_age_s` seconds (checked as points arrive, and only `when()` says it may), and on
+    `flush()`."""
 
     def __init__(
         self,
         send: Callable[[list[Point]], None],
         max_points: int = MAX_BATCH,
         max_age_s: float = 5.0,
+        when: Callable[[], bool] = lambda: True,
     ) -> None:
         self.send, self.max_points, self.max_age_s = send, max_points, max_age_s
+        self.when = when
         self.points: list[Point] = []
         self.last_flush = time.monotonic()
         self.sent = 0
@@ -89,7 +94,7 @@ class MetricBuffer:
         if (
             len(self.points) >= self.max_points
             or time.monotonic() - self.last_flush > self.max_age_s
-        ):
+        ) and self.when():
             self.flush()
 
     def extend(self, points: list[Any]) -> None:
