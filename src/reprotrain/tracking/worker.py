@@ -85,11 +85,14 @@ class Channel:
             raise EOFError("the other end closed the pipe mid-message")
         return pickle.loads(data)  # noqa: S301 - our own process at the other end
 
+    def readable(self) -> bool:
+        """Whether a message (or the other end's close) waits to be read, without waiting."""
+        return bool(select.select([self.reader], [], [], 0)[0])
+
     def peer_gone(self) -> bool:
         """Whether the other end has closed its side, without waiting (a message waiting to
         be read is left where it is)."""
-        readable = select.select([self.reader], [], [], 0)[0]
-        return bool(readable) and self.reader.peek(1) == b""  # type: ignore[attr-defined]
+        return self.readable() and self.reader.peek(1) == b""  # type: ignore[attr-defined]
 
     def close(self) -> None:
         for end in (self.writer, self.reader):
@@ -98,7 +101,8 @@ class Channel:
 
 
 class TrackingWorker:
-    """This side of the worker: starts it, opens the run through it (`open`), and stops it."""
+    """This side of the worker: starts it, opens the run through it (`open`), calls the run's
+    methods (`ask`, then `settle` for the answers), and stops it."""
 
     def __init__(self) -> None:
         self.uri = ""
@@ -162,19 +166,10 @@ class TrackingWorker:
             self.broken = True
             raise
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call the worker's TrackedRun method `name`; its result, or raise what it raised."""
-        self.ask(name, *args, **kwargs)
-        return self.settle()[name]
-
     def ask(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Call `name` without waiting: its answer is read by the next `settle`."""
         self.post(("call", name, args, kwargs))
         self.owed.append(name)
-
-    def answered(self) -> bool:
-        """Whether an answer is waiting to be read (without waiting for one)."""
-        return bool(select.select([self.channel.reader], [], [], 0)[0])
 
     def settle(self) -> dict[str, Any]:
         """Read every answer owed, oldest first: {call name: its value}; or raise the first
@@ -309,7 +304,7 @@ class WorkerRun:
     def poll(self) -> bool:
         """Whether the run is open and the worker idle, without waiting; raises what opening
         the run hit. Until then metric points wait here (the worker is busy warming up)."""
-        if not self._run_id and self.worker.answered():
+        if not self._run_id and self.worker.channel.readable():
             self._settle()
         return bool(self._run_id)
 
