@@ -422,12 +422,25 @@ def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store) 
 def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Store) -> None:
     """MLflow's import and opening, flushes, checkpoints and outputs stay out of the timing
     window: a 300-step and a 3000-step run of one config record samples/s within 10% of each
-    other (the median over 3 pairs of the two run one after the other: a shared machine's
-    speed drifts by more than 10% over a minute, and the two runs of a pair meet the same),
-    each run's phase means add up to its median step within 10%, and checkpoints take at
-    most 1% of the training time."""
+    other, each length's phase means add up to its median step within 10%, and checkpoints
+    take at most 1% of the training time.
+
+    The machine's own speed is divided out. A shared 2-core VM runs the same config 15-20%
+    faster or slower from one run to the next, 300 or 3000 steps alike (two 300-step runs a
+    minute apart: 34,481 and 27,546 samples/s), which no run can help. Each run's median
+    step, which a few slow steps do not move, says how fast the machine ran it: the test
+    compares samples/s per sample-rate of the median step, 300 against 3000 steps. Work of
+    reprotrain's inside the window (what this test is for: MLflow's import once took a
+    300-step run to 3,600 samples/s against a 40,000 median) lowers samples/s and not the
+    median, and fails it. Each figure is the median over 3 pairs of runs, the two of a pair
+    run one after the other: one descheduling of ~50 ms moves a 300-step run's means by 10%."""
     ratios = []
+    raw = []
+    phase_shares: dict[int, list[float]] = {300: [], 3000: []}
+    checkpoint_shares: dict[int, list[float]] = {300: [], 3000: []}
+    runs = []
     for pair in range(3):
+        efficiency = {}
         recorded = {}
         for steps in (300, 3000):
             out = tmp_path / f"run-{steps}-{pair}"
@@ -441,13 +454,21 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
                 f"train.output_dir={out}",
             )
             metrics = json.loads((out / "run.json").read_text())
+            runs.append(metrics)
             phases = sum(metrics[f"{phase}_ms_mean"] for phase in PHASES)
-            assert phases == pytest.approx(metrics["step_ms_median"], rel=0.10), metrics
+            phase_shares[steps].append(phases / metrics["step_ms_median"])
             training_s = metrics["steps"] * metrics["batch_size"] / metrics["samples_per_s"]
-            assert metrics["checkpoint_s"] <= 0.01 * training_s, metrics
+            checkpoint_shares[steps].append(metrics["checkpoint_s"] / training_s)
+            median_rate = metrics["batch_size"] / (metrics["step_ms_median"] / 1e3)
+            efficiency[steps] = metrics["samples_per_s"] / median_rate
             recorded[steps] = metrics["samples_per_s"]
-        ratios.append(recorded[300] / recorded[3000])
-    assert statistics.median(ratios) == pytest.approx(1.0, rel=0.10), ratios
+        ratios.append(efficiency[300] / efficiency[3000])
+        raw.append(recorded[300] / recorded[3000])
+    for steps in (300, 3000):
+        shares = phase_shares[steps]
+        assert statistics.median(shares) == pytest.approx(1.0, rel=0.10), (steps, shares, runs)
+        assert statistics.median(checkpoint_shares[steps]) <= 0.01, (steps, runs)
+    assert statistics.median(ratios) == pytest.approx(1.0, rel=0.10), (ratios, raw, runs)
 
 
 def test_the_training_process_leaves_mlflow_to_its_tracking_worker(

@@ -14,16 +14,19 @@ forward, loss, zero_grad, backward, step; step.py) -> tracking/ (MLflow).
 
 import sys
 
-from reprotrain.tracking import start_early
+from reprotrain.heap import long_lived
 
 # Hydra flags under which this process trains nothing itself (a sweep's jobs get their own
 # tracking worker, wherever its launcher runs them).
 TRAINS_NOTHING = ("-m", "--multirun", "-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg")
 
-if __name__ == "__main__" and not {a.split("=")[0] for a in sys.argv[1:]} & set(TRAINS_NOTHING):
-    start_early()  # the run's tracking worker imports MLflow on another core while torch loads
+with long_lived():  # torch, Hydra, ...: imported once, kept for the process's life (heap.py)
+    from reprotrain.tracking import start_early
 
-from reprotrain.cli import main  # noqa: E402 - after the worker has started
+    if __name__ == "__main__" and not {a.split("=")[0] for a in sys.argv[1:]} & set(TRAINS_NOTHING):
+        start_early()  # the run's tracking worker imports MLflow on another core while torch loads
+
+    from reprotrain.cli import main  # after the worker has started
 
 if __name__ == "__main__":
     main()

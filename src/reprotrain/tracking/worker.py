@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any, BinaryIO
 
 from reprotrain.errors import TrackingError
+from reprotrain.heap import long_lived
 from reprotrain.tracking.mlflow_model import stand_in_export
 from reprotrain.tracking.mlflow_run import MAX_TEXT, TrackedRun
 from reprotrain.tracking.orphans import owner_tags
@@ -61,6 +62,8 @@ WORKER = (
     "from reprotrain.tracking.worker import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
 )
 HEADER = struct.Struct("!Q")  # a message's length in bytes, before its pickle
+# What mlflow.pytorch imports only for Lightning's autolog (import_model_logging).
+LIGHTNING = ("pytorch_lightning", "lightning")
 
 
 class Channel:
@@ -440,7 +443,8 @@ class WorkerRun:
 def serve(read_fd: int, write_fd: int) -> None:
     """The worker's side: answer the training process until it ends the run or is gone."""
     channel = Channel(read_fd, write_fd)
-    import_mlflow()
+    with long_lived():  # MLflow, SQLAlchemy, ...: kept for the worker's life (heap.py)
+        import_mlflow()
     parent = os.getppid()
     run: TrackedRun | None = None
     log_model = False
@@ -455,9 +459,10 @@ def serve(read_fd: int, write_fd: int) -> None:
         if kind == "prepare":
             _, uri, log_model, paths = message  # log_model: an MLflow Model at the end
             sys.path[:] = paths  # the user's project too: their model classes unpickle here
-            open_store(uri)
-            if log_model and not channel.peer_gone():  # gone: the run failed its checks
-                import_model_logging()
+            with long_lived():
+                open_store(uri)
+                if log_model and not channel.peer_gone():  # gone: the run failed its checks
+                    import_model_logging()
         elif kind == "open":
             run = TrackedRun(**message[1])
             run.start()
@@ -526,9 +531,22 @@ def open_store(uri: str) -> None:
 def import_model_logging() -> None:
     """torch and mlflow.pytorch, for the MLflow Model at the end: imported before the run is
     said to be open (the next message), so that the end of the run waits only for the export
-    itself."""
-    with contextlib.suppress(Exception):  # log_model imports it again and reports what fails
-        import mlflow.pytorch  # noqa: F401
+    itself.
+
+    Where Lightning is installed, mlflow.pytorch's import also imports it (~2.4 s here), only
+    to offer its autolog checkpoint callback, which reprotrain does not use; it catches the
+    ImportError when Lightning is absent. Lightning is held back for this one import (a None
+    entry in sys.modules is Python's way to make an import fail), then released: a
+    LightningModule's own unpickling imports it as usual."""
+    held = [name for name in LIGHTNING if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(held))
+    try:
+        with contextlib.suppress(Exception):  # log_model imports it again, reports what fails
+            import mlflow.pytorch  # noqa: F401
+    finally:
+        for name in held:
+            if sys.modules.get(name, "") is None:
+                del sys.modules[name]
 
 
 def warm_up_export(run: TrackedRun) -> None:
