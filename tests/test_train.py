@@ -477,8 +477,32 @@ def test_the_training_process_leaves_mlflow_to_its_tracking_worker(
     """MLflow is imported, the store opened and the MLflow Model logged by the run's tracking
     worker (tracking/worker.py), beside training: the training process never imports MLflow,
     and the run is whole (FINISHED, every step's loss, the model loadable)."""
+    assert mlflow_imports_in_training_process(tmp_path, store, "experiment=smoke") == []
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
+    assert [step for step, _ in store.losses(run.info.run_id)] == list(range(1, SMOKE_STEPS + 1))
+    assert [m.name for m in logged_models(store, run.info.run_id)] == ["model"]
+    assert not psutil.Process().children(recursive=True)  # the worker is gone with its run
+
+
+def test_a_resumed_run_is_checked_through_its_tracking_worker(tmp_path: Path, store: Store) -> None:
+    """train.resume reads the run's status in the store before any step; the tracking worker
+    reads it, so a resumed training process imports no MLflow either (~2 s), and the run
+    goes on to its new step count."""
+    train(tmp_path, store, "experiment=smoke", "train.checkpoint_every=10")
+    run_id = store.only_run().info.run_id
+    resume = ("experiment=smoke", "train.steps=40", f"train.resume={run_id}")
+    assert mlflow_imports_in_training_process(tmp_path, store, *resume) == []
+    run = store.only_run()
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    assert [step for step, _ in store.losses(run_id)] == list(range(1, 41))
+
+
+def mlflow_imports_in_training_process(tmp_path: Path, store: Store, *overrides: str) -> list:
+    """The MLflow modules `python -m reprotrain.train OVERRIDES` imported itself (-X
+    importtime lists a process's own imports; its tracking worker's are not among them)."""
     result = subprocess.run(
-        [PYTHON, "-X", "importtime", *train_args(tmp_path, store.uri, "experiment=smoke")[1:]],
+        [PYTHON, "-X", "importtime", *train_args(tmp_path, store.uri, *overrides)[1:]],
         cwd=tmp_path,
         env=child_env(),
         capture_output=True,
@@ -492,12 +516,7 @@ def test_the_training_process_leaves_mlflow_to_its_tracking_worker(
         if line.startswith("import time:") and "|" in line
     ]
     assert "torch" in imported  # the list is this process's own imports
-    assert not [name for name in imported if name.split(".")[0] == "mlflow"]
-    run = store.only_run()
-    assert run.info.status == "FINISHED"
-    assert [step for step, _ in store.losses(run.info.run_id)] == list(range(1, SMOKE_STEPS + 1))
-    assert [m.name for m in logged_models(store, run.info.run_id)] == ["model"]
-    assert not psutil.Process().children(recursive=True)  # the worker is gone with its run
+    return [name for name in imported if name.split(".")[0] == "mlflow"]
 
 
 def test_checkpoints_by_steps_and_by_time_within_one_percent() -> None:

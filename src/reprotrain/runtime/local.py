@@ -45,7 +45,6 @@ from reprotrain.tracking import (
     check_store,
     discard_early,
     redact,
-    run_status,
     take_worker,
     where_to_look,
 )
@@ -127,7 +126,7 @@ def train_with(
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
     status = (  # the resumed run's, checked before any step, not after the first flush
-        resumed_status(config, resume_from, uri) if resume_from and tracking else None
+        resumed_status(config, resume_from, worker) if resume_from and worker else None
     )
     try:
         pieces = build(config, device)
@@ -262,13 +261,14 @@ def distributed_tags(config: Config, group: distributed.Group) -> dict[str, str]
     }
 
 
-def resumed_status(config: Config, state: dict[str, Any], uri: str) -> str:
-    """The status of the run a checkpoint belongs to, which must be in this store."""
-    status = run_status(uri, state["run_id"])
+def resumed_status(config: Config, state: dict[str, Any], worker: TrackingWorker) -> str:
+    """The status of the run a checkpoint belongs to, which must be in this store (read by
+    the tracking worker)."""
+    status = worker.run_status(state["run_id"])
     if status is None:
         raise TrackingError(
             f"train.resume={config.train.resume!r}: its run {state['run_id']} is not in the "
-            f"tracking store {redact(uri)}",
+            f"tracking store {redact(worker.uri)}",
             hint="set tracking.uri to the store the run was recorded in, or start a new run",
         )
     return status

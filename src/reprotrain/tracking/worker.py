@@ -50,7 +50,7 @@ from reprotrain.tracking.mlflow_run import MAX_TEXT, TrackedRun
 from reprotrain.tracking.orphans import owner_tags
 from reprotrain.tracking.recorder import MAX_BATCH, MetricBuffer, Point, describe_error, end_status
 from reprotrain.tracking.spool import Spool
-from reprotrain.tracking.store import prepare_store, redact
+from reprotrain.tracking.store import prepare_store, redact, run_status
 
 # The run's error tag when the training process ended without ending its run.
 GONE = "the training process (pid {pid}) ended without ending its run (killed, or out of memory)"
@@ -156,6 +156,12 @@ class TrackingWorker:
         self.post(("open", arguments))
         self.ask("opened")  # answered once the run is open and the worker has warmed up
         return WorkerRun(self, flush_every_s, spool_dir)
+
+    def run_status(self, run_id: str) -> str | None:
+        """The status of run `run_id` in the prepared store (None: no such run), read by the
+        worker: a resumed run's check before training imports no MLflow here either."""
+        self.ask("run_status", self.uri, run_id)
+        return self.settle()["run_status"]
 
     def post(self, message: tuple[Any, ...]) -> None:
         """Send without waiting for an answer."""
@@ -483,6 +489,8 @@ def serve(read_fd: int, write_fd: int) -> None:
 
 
 def answer(run: TrackedRun, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if name == "run_status":  # a resumed run's, asked before the run is opened
+        return run_status(*args)
     if name == "opened":
         return run.run_id, run.experiment_id
     if name == "send":  # metric points, sent to the store (or spooled) before answering
