@@ -125,15 +125,16 @@ def train_with(
     tracking = worker is not None
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
-    status = (  # the resumed run's, checked before any step, not after the first flush
-        resumed_status(config, resume_from, worker) if resume_from and worker else None
-    )
+    # The resumed run's status, checked before any step, not after the first flush: the
+    # worker reads it while this process builds.
+    asked = worker.run_status(resume_from["run_id"]) if resume_from and worker else None
     try:
         pieces = build(config, device)
     except (torch.OutOfMemoryError, RuntimeError) as error:
         if not is_out_of_memory(error):
             raise
         raise out_of_memory(device, config, None) from None
+    status = resumed_status(config, resume_from, asked(), worker.uri) if asked and worker else None
     example = check_fit(pieces.model, pieces.loss_fn, pieces.splits, device)
     batches = make_batches(pieces.splits.train, config.train, device, group.rank, group.world_size)
     total = config.train.steps or config.train.epochs * batches.batches_per_epoch
@@ -261,14 +262,13 @@ def distributed_tags(config: Config, group: distributed.Group) -> dict[str, str]
     }
 
 
-def resumed_status(config: Config, state: dict[str, Any], worker: TrackingWorker) -> str:
-    """The status of the run a checkpoint belongs to, which must be in this store (read by
-    the tracking worker)."""
-    status = worker.run_status(state["run_id"])
+def resumed_status(config: Config, state: dict[str, Any], status: str | None, uri: str) -> str:
+    """The status of the run a checkpoint belongs to (None: not in the store at `uri`),
+    which must be in this store."""
     if status is None:
         raise TrackingError(
             f"train.resume={config.train.resume!r}: its run {state['run_id']} is not in the "
-            f"tracking store {redact(worker.uri)}",
+            f"tracking store {redact(uri)}",
             hint="set tracking.uri to the store the run was recorded in, or start a new run",
         )
     return status

@@ -39,6 +39,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -157,11 +158,12 @@ class TrackingWorker:
         self.ask("opened")  # answered once the run is open and the worker has warmed up
         return WorkerRun(self, flush_every_s, spool_dir)
 
-    def run_status(self, run_id: str) -> str | None:
-        """The status of run `run_id` in the prepared store (None: no such run), read by the
-        worker: a resumed run's check before training imports no MLflow here either."""
+    def run_status(self, run_id: str) -> Callable[[], str | None]:
+        """Ask for run `run_id`'s status in the prepared store, read by the worker (a resumed
+        run's check imports no MLflow here either); the call returned waits for the answer
+        (None: no such run), so that this process can build meanwhile."""
         self.ask("run_status", self.uri, run_id)
-        return self.settle()["run_status"]
+        return lambda: self.settle()["run_status"]
 
     def post(self, message: tuple[Any, ...]) -> None:
         """Send without waiting for an answer."""
