@@ -30,6 +30,15 @@ PROBE = textwrap.dedent(
 )
 
 
+def python(script: str) -> subprocess.CompletedProcess:
+    """`python -c SCRIPT` in a fresh interpreter, which must succeed."""
+    result = subprocess.run(
+        [PYTHON, "-c", script], env=child_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def full_collections(folder: Path, role: str) -> int:
     return sum(int(p.read_text()) for p in folder.glob(f"{role}-*"))
 
@@ -80,10 +89,7 @@ def test_imports_kept_out_of_collections_hold_little_garbage() -> None:
         print(sum(sys.getsizeof(o) for o in gc.garbage))
         """
     )
-    result = subprocess.run(
-        [PYTHON, "-c", script], env=child_env(), capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = python(script)
     kept = int(result.stdout.split()[-1])
     assert 0 < kept < 32 * 2**20, kept
 
@@ -107,8 +113,7 @@ def test_long_lived_leaves_a_paused_collector_paused() -> None:
         assert gc.isenabled()
         """
     )
-    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    python(script)
 
 
 @pytest.mark.parametrize("held", ["pytorch_lightning", "lightning"])
@@ -128,10 +133,7 @@ def test_mlflow_pytorch_is_imported_without_lightning_which_stays_importable(hel
         print("ok", mlflow.pytorch.log_model.__name__, {held}.__name__)
         """
     )
-    result = subprocess.run(
-        [PYTHON, "-c", script], env=child_env(), capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = python(script)
     if result.stdout.startswith("absent"):
         pytest.skip(f"{held} is not installed here (the `bench` extra installs it)")
     assert result.stdout.startswith("ok"), result.stdout
