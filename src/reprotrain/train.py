@@ -20,11 +20,23 @@ from reprotrain.heap import long_lived
 # tracking worker, wherever its launcher runs them).
 TRAINS_NOTHING = ("-m", "--multirun", "-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg")
 
+
+def said_false(key: str) -> bool:
+    """Whether the command line turns `key` off (key=false, +key=false, ++key=false)."""
+    return any(a.lstrip("+").lower() == f"{key}=false" for a in sys.argv[1:])
+
+
 with long_lived():  # torch, Hydra, ...: imported once, kept for the process's life (heap.py)
     from reprotrain.tracking import start_early
 
-    if __name__ == "__main__" and not {a.split("=")[0] for a in sys.argv[1:]} & set(TRAINS_NOTHING):
-        start_early()  # the run's tracking worker imports MLflow on another core while torch loads
+    flags = {a.split("=")[0] for a in sys.argv[1:]}
+    if (
+        __name__ == "__main__"
+        and not flags & set(TRAINS_NOTHING)
+        and not said_false("tracking.enabled")
+    ):
+        # The run's tracking worker imports MLflow on another core while torch loads.
+        start_early(model_likely=not said_false("tracking.log_model"))
 
     from reprotrain.cli import main  # after the worker has started
 

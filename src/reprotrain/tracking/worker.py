@@ -12,9 +12,10 @@ Importing MLflow, opening a sqlite store, importing what logs an MLflow Model an
 process's first torch.export take seconds of Python work (~1.5, ~1, ~1.5 and ~2 s here). On
 a thread they would hold the interpreter's lock and stall this process; in a process of
 their own, started before this one imports torch, they run on another core while this one
-imports, composes and builds. The worker answers that the run is open only once it is idle,
-and the loop's timing window waits for that answer (loop.py): none of the worker's work
-shares the CPU with a timed step.
+imports, composes and builds; whatever the worker will need that does not wait for a message
+(what logs an MLflow Model, the export warm-up) it does while it waits for one (Ahead). The
+worker answers that the run is open only once it is idle, and the loop's timing window waits
+for that answer (loop.py): none of the worker's work shares the CPU with a timed step.
 
 The worker runs a TrackedRun (mlflow_run.py): spooling, resumed runs and end statuses are
 the same. Messages are pickled over two pipes, each framed by its length, and answered in
@@ -59,20 +60,29 @@ GONE = "the training process (pid {pid}) ended without ending its run (killed, o
 # and the training process ends the run with the right status.
 WORKER = (
     "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN); import sys; "
-    "from reprotrain.tracking.worker import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
+    "import sys; "
+    "from reprotrain.tracking.worker import serve; "
+    "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == 'model')"
 )
 HEADER = struct.Struct("!Q")  # a message's length in bytes, before its pickle
+# The worker's exit status when the training process stopped it while it worked ahead (it
+# ended before opening its run); otherwise 0.
+DISMISSED = 3
 # What mlflow.pytorch imports only for Lightning's autolog (import_model_logging).
 LIGHTNING = ("pytorch_lightning", "lightning")
 
 
 class Channel:
-    """Pickled messages over a pair of pipe ends, each framed by its length."""
+    """Pickled messages over a pair of pipe ends, each framed by its length. What is read off
+    the pipe waits in `pending` until a whole message is there, so that `readable` sees a
+    message already read off the pipe as well as one still in it."""
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
-        self.reader: BinaryIO = os.fdopen(read_fd, "rb")
+        self.read_fd = read_fd
         self.writer: BinaryIO = os.fdopen(write_fd, "wb")
+        self.pending = bytearray()
+        self.ended = False  # the other end has closed its side
 
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -80,40 +90,64 @@ class Channel:
         self.writer.flush()
 
     def recv(self) -> Any:
-        header = self.reader.read(HEADER.size)
-        if len(header) < HEADER.size:
-            raise EOFError("the other end closed the pipe")
-        (size,) = HEADER.unpack(header)
-        data = self.reader.read(size)
-        if len(data) < size:
-            raise EOFError("the other end closed the pipe mid-message")
+        (size,) = HEADER.unpack(self._take(HEADER.size, "the other end closed the pipe"))
+        data = self._take(size, "the other end closed the pipe mid-message")
         return pickle.loads(data)  # noqa: S301 - our own process at the other end
 
     def readable(self) -> bool:
         """Whether a message (or the other end's close) waits to be read, without waiting."""
-        return bool(select.select([self.reader], [], [], 0)[0])
+        return bool(self.pending) or self.ended or self._waiting()
 
     def peer_gone(self) -> bool:
         """Whether the other end has closed its side, without waiting (a message waiting to
         be read is left where it is)."""
-        return self.readable() and self.reader.peek(1) == b""  # type: ignore[attr-defined]
+        if not self.pending and not self.ended and self._waiting():
+            self._fill()
+        return self.ended and not self.pending
 
     def close(self) -> None:
-        for end in (self.writer, self.reader):
-            with contextlib.suppress(OSError):  # a pipe whose reader is gone: nothing to flush
-                end.close()
+        with contextlib.suppress(OSError):  # a pipe whose reader is gone: nothing to flush
+            self.writer.close()
+        with contextlib.suppress(OSError):
+            os.close(self.read_fd)
+
+    def _waiting(self) -> bool:
+        return bool(select.select([self.read_fd], [], [], 0)[0])
+
+    def _fill(self) -> None:
+        chunk = os.read(self.read_fd, 1 << 16)
+        self.pending += chunk
+        self.ended = not chunk
+
+    def _take(self, size: int, short: str) -> bytes:
+        while len(self.pending) < size:
+            if self.ended:
+                raise EOFError(short)
+            self._fill()
+        data = bytes(self.pending[:size])
+        del self.pending[:size]
+        return data
 
 
 class TrackingWorker:
     """This side of the worker: starts it, opens the run through it (`open`), calls the run's
     methods (`ask`, then `settle` for the answers), and stops it."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_likely: bool = True) -> None:
+        """Start the worker; `model_likely`: whether it may import what logs an MLflow Model
+        before `prepare` says if one is logged (Ahead)."""
         self.uri = ""
         to_worker_read, to_worker = os.pipe()
         from_worker, from_worker_write = os.pipe()
         self.process = subprocess.Popen(  # noqa: S603 - this interpreter, reprotrain's own code
-            [sys.executable, "-c", WORKER, str(to_worker_read), str(from_worker_write)],
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                str(to_worker_read),
+                str(from_worker_write),
+                "model" if model_likely else "none",
+            ],
             pass_fds=(to_worker_read, from_worker_write),
             stdin=subprocess.DEVNULL,
             stdout=_stderr_fd(),  # MLflow prints run links to stdout: not on this one's
@@ -124,6 +158,7 @@ class TrackingWorker:
         self.owed: list[str] = []  # calls made with `ask` whose answers are not read yet
         self.broken = False  # a message was cut short (a signal mid-read): the pipe is unusable
         self.closed = False
+        self.opened = False  # a run was opened through it
 
     def prepare(self, uri: str, log_model: bool = True) -> TrackingWorker:
         """Name the store (the worker opens it now), say whether an MLflow Model will be
@@ -154,6 +189,7 @@ class TrackingWorker:
             resume_run_id=resume_run_id,
             spool_dir=spool_dir,
         )
+        self.opened = True
         self.post(("open", arguments))
         self.ask("opened")  # answered once the run is open and the worker has warmed up
         return WorkerRun(self, flush_every_s, spool_dir)
@@ -210,11 +246,14 @@ class TrackingWorker:
         """Stop the worker. A run it holds and was not ended through it ends KILLED, as if
         this process had died. One that has not been given a store yet is killed; one that
         has is waited for: killed while it creates a new sqlite store's tables, it would
-        leave the store half made."""
+        leave the store half made. One never asked to open a run stops what it does ahead
+        at once (SIGUSR1: nothing of that touches the store)."""
         if self.closed:
             return
         if not self.uri:  # only importing, no store touched yet: nothing of it is needed
             self.process.kill()
+        elif not self.opened and self.process.poll() is None:
+            self.process.send_signal(signal.SIGUSR1)
         self.closed = True
         self.channel.close()
         self.process.wait()
@@ -258,14 +297,14 @@ def _stderr_fd() -> int | None:
 _early: TrackingWorker | None = None  # started by start_early, not yet taken
 
 
-def start_early() -> None:
+def start_early(model_likely: bool = True) -> None:
     """Start this process's worker now, before torch is imported, so that MLflow's import
     runs beside it; a worker nobody takes is stopped when this process exits. Not under a
     torchrun job of several processes: their ranks share the CPU already, and rank 0 (the one
     that records) starts its worker when it opens the run, not before the others' checks."""
     global _early
     if _early is None and os.environ.get("WORLD_SIZE", "1") == "1":
-        _early = TrackingWorker()
+        _early = TrackingWorker(model_likely)
         atexit.register(discard_early)
 
 
@@ -273,7 +312,7 @@ def take_worker(uri: str, log_model: bool = True) -> TrackingWorker:
     """The worker started early, if any, else a new one; prepared for the store at `uri`."""
     global _early
     worker, _early = _early, None
-    return (worker or TrackingWorker()).prepare(uri, log_model)
+    return (worker or TrackingWorker(log_model)).prepare(uri, log_model)
 
 
 def discard_early() -> None:
@@ -448,15 +487,24 @@ class WorkerRun:
             )
 
 
-def serve(read_fd: int, write_fd: int) -> None:
-    """The worker's side: answer the training process until it ends the run or is gone."""
+def serve(read_fd: int, write_fd: int, model_likely: bool = True) -> None:
+    """The worker's side: answer the training process until it ends the run or is gone. While
+    nothing is asked of it, it does ahead what the run will need (Ahead)."""
     channel = Channel(read_fd, write_fd)
+    ahead = Ahead(model_likely)
+    signal.signal(signal.SIGUSR1, ahead.dismiss)
     with long_lived():  # MLflow, SQLAlchemy, ...: kept for the worker's life (heap.py)
         import_mlflow()
     parent = os.getppid()
     run: TrackedRun | None = None
-    log_model = False
+    status = 0
     while True:
+        try:
+            if not channel.readable() and ahead.step():  # nothing asked yet: work ahead
+                continue
+        except Dismissed:  # the training process ended before opening its run
+            status = DISMISSED
+            break
         try:
             message = channel.recv()
         except (EOFError, OSError):  # the training process is gone, or closed us unopened
@@ -465,17 +513,17 @@ def serve(read_fd: int, write_fd: int) -> None:
             break
         kind = message[0]
         if kind == "prepare":
-            _, uri, log_model, paths = message  # log_model: an MLflow Model at the end
+            _, uri, ahead.log_model, paths = message  # log_model: an MLflow Model at the end
             sys.path[:] = paths  # the user's project too: their model classes unpickle here
             with long_lived():
                 open_store(uri)
-                if log_model and not channel.peer_gone():  # gone: the run failed its checks
-                    import_model_logging()
         elif kind == "open":
             run = TrackedRun(**message[1])
             run.start()
-            if log_model:
-                warm_up_export(run)
+            if ahead.log_model:
+                with contextlib.suppress(Exception):  # the run's open reports its own failure
+                    run.ready()  # the run's own record comes before the warm-up
+                ahead.warm_up_export()
         elif kind == "call":
             _, name, args, kwargs = message
             try:
@@ -487,7 +535,65 @@ def serve(read_fd: int, write_fd: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # the exit's full collection would walk all of MLflow and torch: ~1 s
-    os._exit(0)  # noqa: SLF001 - nothing is left to write: the run is ended and flushed
+    os._exit(status)  # noqa: SLF001 - nothing is left to write: the run is ended and flushed
+
+
+class Dismissed(BaseException):
+    """Raised in the worker's work ahead when the training process stops it (SIGUSR1)."""
+
+
+class Ahead:
+    """What the worker does before it is asked, while the training process imports, composes
+    and builds: import what logs an MLflow Model (before the store is named, if a model is
+    likely: tracking.log_model is on unless the command line turned it off), then, once a
+    model is known to be logged, the export warm-up. Each is done once, ahead or when the run
+    needs it; a message that arrives waits at most for the one step under way, and a training
+    process that ends before opening its run stops that step at once (`dismiss`)."""
+
+    def __init__(self, model_likely: bool) -> None:
+        self.model_likely = model_likely
+        self.log_model: bool | None = None  # None: not said yet ("prepare" says it)
+        self.imported = self.warm = False
+        self.busy = False  # in a step: one that may be stopped
+
+    def step(self) -> bool:
+        """Do the next piece of work ahead; False when there is none (wait for a message)."""
+        wanted = self.model_likely if self.log_model is None else self.log_model
+        if not (wanted and not self.imported) and not (self.log_model and not self.warm):
+            return False
+        self.busy = True
+        try:
+            if wanted and not self.imported:
+                with long_lived():
+                    self.import_model_logging()
+            else:  # a model is logged: no longer a guess
+                self.warm_up_export()
+        finally:
+            self.busy = False
+        return True
+
+    def dismiss(self, _signum: int, _frame: object) -> None:
+        """SIGUSR1: stop the step under way (its scratch folder is removed on the way out);
+        between steps the closed pipe ends the worker."""
+        if self.busy:
+            raise Dismissed
+
+    def import_model_logging(self) -> None:
+        if not self.imported:
+            import_model_logging()
+            self.imported = True
+
+    def warm_up_export(self) -> None:
+        """Save a two-weight stand-in model the way the run's model will be logged
+        (torch.export, into a scratch folder, nothing in the store): the first export loads
+        torch.export's and MLflow's machinery (~2 s here), so the run's own, at its end, takes
+        a fraction of that."""
+        if self.warm:
+            return
+        self.import_model_logging()
+        with contextlib.suppress(Exception), tempfile.TemporaryDirectory() as scratch:
+            stand_in_export(Path(scratch) / "model")
+        self.warm = True
 
 
 def answer(run: TrackedRun, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -557,17 +663,6 @@ def import_model_logging() -> None:
         for name in held:
             if sys.modules.get(name, "") is None:
                 del sys.modules[name]
-
-
-def warm_up_export(run: TrackedRun) -> None:
-    """Save a two-weight stand-in model the way the run's model will be logged (torch.export,
-    into a scratch folder, nothing in the store): the first export loads torch.export's and
-    MLflow's machinery (~2 s here), so the run's own, at its end, takes a fraction of that.
-    Once the run is open: its own record comes first."""
-    with contextlib.suppress(Exception):  # the run's open reports its own failure
-        run.ready()
-    with contextlib.suppress(Exception), tempfile.TemporaryDirectory() as scratch:
-        stand_in_export(Path(scratch) / "model")
 
 
 def portable(error: BaseException) -> BaseException:
