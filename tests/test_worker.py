@@ -51,21 +51,24 @@ def test_an_early_worker_imports_model_logging_only_where_a_model_is_likely() ->
         unlikely.close()
 
 
+@pytest.mark.parametrize("phase", ["import", "export"])
 def test_a_run_never_opened_stops_the_work_ahead(
-    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch, phase: str
 ) -> None:
     """A training process that ends before opening its run (a bad model config, say) does not
-    wait for the worker's work ahead: closed while it imports torch or warms up the export,
-    the worker stops at once, removes its scratch folder, and leaves the store it was given
-    whole."""
+    wait for the worker's work ahead: closed while the worker imports torch, or while it
+    exports the warm-up's stand-in model into its scratch folder, the worker stops at once,
+    removes that folder, and leaves the store it was given whole."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))  # the worker's scratch folder goes here
     worker = TrackingWorker(model_likely=True).prepare(store.uri, log_model=True)
+    pid = worker.process.pid
+    under_way = {"import": lambda: maps_torch(pid), "export": lambda: any(scratch.iterdir())}
     deadline = time.monotonic() + 120
-    while not maps_torch(worker.process.pid):  # past the store: working ahead
+    while not under_way[phase]():
         assert time.monotonic() < deadline and worker.process.poll() is None
-        time.sleep(0.02)
+        time.sleep(0.01)
     worker.close()
     assert worker.process.returncode == DISMISSED
     assert list(scratch.iterdir()) == []
