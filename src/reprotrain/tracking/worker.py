@@ -98,13 +98,6 @@ class Channel:
         """Whether a message (or the other end's close) waits to be read, without waiting."""
         return bool(self.pending) or self.ended or self._waiting()
 
-    def peer_gone(self) -> bool:
-        """Whether the other end has closed its side, without waiting (a message waiting to
-        be read is left where it is)."""
-        if not self.pending and not self.ended and self._waiting():
-            self._fill()
-        return self.ended and not self.pending
-
     def close(self) -> None:
         with contextlib.suppress(OSError):  # a pipe whose reader is gone: nothing to flush
             self.writer.close()
@@ -559,15 +552,15 @@ class Ahead:
     def step(self) -> bool:
         """Do the next piece of work ahead; False when there is none (wait for a message)."""
         wanted = self.model_likely if self.log_model is None else self.log_model
-        if not (wanted and not self.imported) and not (self.log_model and not self.warm):
+        if wanted and not self.imported:
+            work = self.import_model_logging
+        elif self.log_model and not self.warm:  # a model is logged: no longer a guess
+            work = self.warm_up_export
+        else:
             return False
         self.busy = True
         try:
-            if wanted and not self.imported:
-                with long_lived():
-                    self.import_model_logging()
-            else:  # a model is logged: no longer a guess
-                self.warm_up_export()
+            work()
         finally:
             self.busy = False
         return True
@@ -580,7 +573,8 @@ class Ahead:
 
     def import_model_logging(self) -> None:
         if not self.imported:
-            import_model_logging()
+            with long_lived():  # torch, mlflow.pytorch: kept for the worker's life (heap.py)
+                import_model_logging()
             self.imported = True
 
     def warm_up_export(self) -> None:
