@@ -129,12 +129,29 @@ def test_sigkill_of_the_training_process_alone_is_ended_by_its_worker(tmp_path: 
         "(killed, or out of memory)"
     )
     assert run.data.tags["reprotrain.pid"] == str(proc.pid)  # the owner is the trainer
+    assert f"continue it with the same command and train.resume={run_id}" in proc.stderr.read()
 
     resumed = train(tmp_path, store, *KILLABLE, f"train.resume={run_id}")
     assert "Traceback" not in resumed.stderr
     run = store.only_run()
     assert run.info.status == "FINISHED" and "error" not in run.data.tags
     assert steps_recorded(store, run_id) == list(range(1, 1501))
+
+
+def test_sigkill_before_the_first_checkpoint_says_to_start_again(tmp_path: Path) -> None:
+    """Killed before its first checkpoint, a run has nothing to continue from: its worker
+    ends it KILLED and says to start it again, not to resume it (which would fail: no
+    checkpoint). Killed after one, it says train.resume=<run id>."""
+    store = ready_store(tmp_path)
+    first = ("train.steps=1500", "train.checkpoint_every=0", "train.checkpoint_every_s=3600")
+    proc = start_training(tmp_path, store.uri, *first)
+    wait_for_losses(store, 100, proc)
+    kill_trainer(proc)
+    said = proc.stderr.read()
+    run_id = store.only_run().info.run_id
+    assert f"run {run_id} KILLED; it was killed before its first checkpoint" in said, said
+    assert "train.resume" not in said.replace("without train.resume", "")
+    assert not list((tmp_path / "outputs" / "checkpoints").glob("*.pt"))
 
 
 def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(

@@ -160,6 +160,7 @@ def train_with(
             config.tracking.flush_every_s,
             resume_run_id=resume_from["run_id"] if resume_from else "",
             spool_dir=out_dir / "spool",
+            checkpoint_dir=Path(config.train.checkpoint_dir).resolve(),
         )
         if worker is not None
         else NoRun()

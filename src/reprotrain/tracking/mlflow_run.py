@@ -78,6 +78,7 @@ class TrackedRun:
         flush_every_s: float = 5.0,
         resume_run_id: str = "",
         spool_dir: Path | None = None,
+        checkpoint_dir: Path | None = None,
     ) -> None:
         if uri.startswith(("http://", "https://")):
             # MLflow retries a dead server for minutes per call; fail fast and spool instead.
@@ -88,6 +89,7 @@ class TrackedRun:
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.tags, self.params, self.flush_every_s = tags, params, flush_every_s
         self.resume_run_id, self.spool_dir = resume_run_id, spool_dir
+        self.checkpoint_dir = checkpoint_dir  # where <run id>.pt is written (train.resume)
         self.spool: Spool | None = None
         self.metrics = MetricBuffer(self._send, MAX_BATCH, flush_every_s)
         self._opener = threading.Thread(target=self._open, name="mlflow-open", daemon=True)
@@ -333,12 +335,25 @@ class TrackedRun:
             )
         elif status == "KILLED":
             print(
-                f"reprotrain: run {self._run_id} KILLED; continue it with the same command "
-                f"and train.resume={self._run_id}; "
+                f"reprotrain: run {self._run_id} KILLED; {self._what_next()}; "
                 f"{where_to_look(self.uri, self._experiment_id, self._run_id)}",
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _what_next(self) -> str:
+        """A KILLED run continues from its checkpoint; one killed before its first checkpoint
+        has none to continue from (checkpoint.checkpoint_path names the file)."""
+        if (
+            self.checkpoint_dir is not None
+            and not (self.checkpoint_dir / f"{self._run_id}.pt").exists()
+        ):
+            return (
+                "it was killed before its first checkpoint (train.checkpoint_every_s, "
+                "train.checkpoint_every), so start it again with the same command, "
+                "without train.resume"
+            )
+        return f"continue it with the same command and train.resume={self._run_id}"
 
 
 def recorded_steps(client: Any, run: Any) -> set[tuple[str, int]]:

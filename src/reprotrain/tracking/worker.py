@@ -170,6 +170,7 @@ class TrackingWorker:
         flush_every_s: float = 5.0,
         resume_run_id: str = "",
         spool_dir: Path | None = None,
+        checkpoint_dir: Path | None = None,
     ) -> WorkerRun:
         """Open (or continue) the run in the worker: the arguments of TrackedRun."""
         arguments = dict(
@@ -181,6 +182,7 @@ class TrackingWorker:
             flush_every_s=flush_every_s,
             resume_run_id=resume_run_id,
             spool_dir=spool_dir,
+            checkpoint_dir=checkpoint_dir,
         )
         self.opened = True
         self.post(("open", arguments))
