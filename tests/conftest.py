@@ -93,6 +93,15 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def imported_modules(stderr: str) -> list[str]:
+    """The modules named by `-X importtime` (or PYTHONPROFILEIMPORTTIME) lines in `stderr`."""
+    return [
+        line.rsplit("|", 1)[1].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
+
+
 def run_app(
     cwd: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

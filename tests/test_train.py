@@ -20,6 +20,7 @@ from conftest import (
     ROOT,
     Store,
     child_env,
+    imported_modules,
     require_cuda,
     run_app,
     start_training,
@@ -510,11 +511,7 @@ def mlflow_imports_in_training_process(tmp_path: Path, store: Store, *overrides:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    imported = [
-        line.rsplit("|", 1)[1].strip()
-        for line in result.stderr.splitlines()
-        if line.startswith("import time:") and "|" in line
-    ]
+    imported = imported_modules(result.stderr)
     assert "torch" in imported  # the list is this process's own imports
     return [name for name in imported if name.split(".")[0] == "mlflow"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import Store, child_env, train
+from conftest import Store, child_env, imported_modules, train
 from reprotrain.tracking.worker import DISMISSED, Channel, TrackingWorker
 
 
@@ -90,11 +90,7 @@ def test_tracking_off_on_the_command_line_starts_no_worker(tmp_path: Path, store
 
 
 def imported_top_level(stderr: str) -> set[str]:
-    return {
-        line.rsplit("|", 1)[1].strip().split(".")[0]
-        for line in stderr.splitlines()
-        if line.startswith("import time:") and "|" in line
-    }
+    return {name.split(".")[0] for name in imported_modules(stderr)}
 
 
 def wait_until_idle(pid: int, timeout: float = 120) -> None:
