@@ -88,6 +88,7 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
         "val/accuracy",
         "memory/peak_rss_mb",
         "time/tracking_s",
+        "time/tracking_wait_s",
         "time/checkpoint_s",
         "time/outputs_s",
         "train/final_loss",
@@ -133,8 +134,10 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
     assert {k: metrics[k] for k in headline} == headline
     assert metrics["model_class"] == "reprotrain.models.mlp.MLP"
     assert metrics["parameters"] == MLP_PARAMETERS
-    for key in ("tracking_s", "checkpoint_s", "outputs_s"):
+    for key in ("tracking_s", "tracking_wait_s", "checkpoint_s", "outputs_s"):
         assert isinstance(metrics[key], float) and metrics[key] >= 0, key
+    # The wait for the MLflow run comes after the first step and before the run's end.
+    assert metrics["startup_s"] + metrics["tracking_wait_s"] < metrics["total_s"], metrics
     lines = (tmp_path / "results" / "loss.csv").read_text().splitlines()
     assert lines[0] == "step,loss" and len(lines) == SMOKE_STEPS + 1
 
@@ -398,6 +401,7 @@ def test_readme_mentions_every_mlflow_key() -> None:
         "train/final_loss",
         "train/lr",
         "time/tracking_s",
+        "time/tracking_wait_s",
         "time/checkpoint_s",
         "time/outputs_s",
     ):

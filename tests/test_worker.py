@@ -3,6 +3,7 @@ sees a waiting message, and when it is not started at all."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -84,9 +85,13 @@ def test_tracking_off_on_the_command_line_starts_no_worker(tmp_path: Path, store
     env = child_env(PYTHONPROFILEIMPORTTIME="1")
     tracked = train(tmp_path, store, "experiment=smoke", env=env)
     assert "mlflow" in imported_top_level(tracked.stderr)
+    waited = json.loads((tmp_path / "results" / "run.json").read_text())["tracking_wait_s"]
     untracked = train(tmp_path, store, "experiment=smoke", "tracking.enabled=false", env=env)
     assert "torch" in imported_top_level(untracked.stderr)
     assert "mlflow" not in imported_top_level(untracked.stderr)
+    # Nothing to wait for: the loop's wait for the MLflow run (time/tracking_wait_s) is nil.
+    unwaited = json.loads((tmp_path / "results" / "run.json").read_text())["tracking_wait_s"]
+    assert waited >= 0 and unwaited < 0.01, (waited, unwaited)
 
 
 def imported_top_level(stderr: str) -> set[str]:

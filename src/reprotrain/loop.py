@@ -37,6 +37,7 @@ TIMING_KEYS = (
     "samples_per_s",
     "step_ms_median",
     "tracking_s",
+    "tracking_wait_s",
     "checkpoint_s",
     *(f"{phase}_ms_mean" for phase in PHASES),
 )
@@ -95,6 +96,7 @@ def fit(
     measure_from = None
     cadence = CheckpointCadence(train.checkpoint_every, train.checkpoint_every_s, start)
     bookkeeping_s = {"tracking": 0.0, "checkpoint": 0.0}  # inside the loop, not training
+    waited_s = 0.0  # for the MLflow run to open (time/tracking_wait_s), before the window
 
     def record_window(step: int) -> None:
         """Read the window's losses off the device and hand them to the recorder."""
@@ -143,8 +145,12 @@ def fit(
     def begin_measuring() -> float:
         """The throughput clock starts once the warm-up is done and the run is open, its
         tracking worker idle (tracking/worker.py): MLflow's imports and set-up never share
-        the CPU with a timed step, whatever the run's length."""
+        the CPU with a timed step, whatever the run's length. How long the loop waited for
+        that is recorded on its own (time/tracking_wait_s)."""
+        nonlocal waited_s
+        began = time.perf_counter()
         recorder.ready()
+        waited_s = time.perf_counter() - began
         synchronize(device)  # sync point: the clock starts with the device idle
         for key in bookkeeping_s:
             bookkeeping_s[key] = 0.0
@@ -198,6 +204,7 @@ def fit(
         else float("nan"),
         "step_ms_median": summary.median("step"),
         "tracking_s": bookkeeping_s["tracking"],
+        "tracking_wait_s": waited_s,
         "checkpoint_s": bookkeeping_s["checkpoint"],
         **{f"{phase}_ms_mean": summary.mean(phase) for phase in PHASES},
     }
