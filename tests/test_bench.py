@@ -15,6 +15,7 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from reprotrain.bench.fastpath import SWITCHES
 from reprotrain.bench.measure import FLOPS_RATIO, RATIOS, VARIANTS
 from reprotrain.bench.reference import bench_config, bench_dataset, reference_batches
 from reprotrain.bench.report import TARGETS
+from reprotrain.bench.startup import timed_process
 from reprotrain.bench.variants import (
     course_loop,
     lightning_batches,
@@ -130,7 +132,9 @@ def run_metric_keys_cover_fastpaths(store: Store, report: dict[str, Any]) -> boo
 def test_quick_bench_measures_every_variant_and_records_the_run(
     tmp_path: Path, store: Store
 ) -> None:
-    stdout, report = bench(tmp_path, store, "--batch-sizes", "4,64")
+    stdout, report = bench(
+        tmp_path, store, "--batch-sizes", "4,64", "--whole-with", "tracking.enabled=false"
+    )
     assert report["settings"]["mode"] == "quick" and report["settings"]["batch_sizes"] == [4, 64]
     assert "cpu" in report["devices"]
     for device in report["devices"].values():
@@ -160,8 +164,23 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
     assert "reprotrain.train device=cpu" in whole["commands"]["reprotrain"]
     for name in ("lesson", "reprotrain"):
         assert positive(whole["median_s"][name]) and positive(whole["peak_rss_mb"][name])
+        assert positive(whole["median_cpu_s"][name])
+    assert whole["cores"] == len(os.sched_getaffinity(0))
+    assert re.search(
+        r"on \d+ cores the least wall time that work could take is \d+\.\d\d s", stdout
+    )
     reprotrain_s, lesson_s = whole["wall_s"]["reprotrain"][0], whole["wall_s"]["lesson"][0]
     assert whole["median_ratio"] == pytest.approx(reprotrain_s / lesson_s)
+    # --whole-with: one more row, the same command with the overrides added; without
+    # tracking no worker is started, so the row's peak RSS is the training process's alone.
+    untracked = "reprotrain tracking.enabled=false"
+    assert whole["variants"] == ["tracking.enabled=false"]
+    assert (
+        whole["commands"][untracked] == whole["commands"]["reprotrain"] + " tracking.enabled=false"
+    )
+    assert whole["peak_rss_mb"][untracked] < whole["peak_rss_mb"]["reprotrain"], whole
+    assert whole["row_ratios"][untracked] == pytest.approx(whole["wall_s"][untracked][0] / lesson_s)
+    assert re.search(r"reprotrain tracking\.enabled=false +\d+\.\d\d +\d+\.\d\d ", stdout)
     assert re.search(
         r"reprotrain / lesson wall time: \d+\.\d\d .*target <= 0\.8: (met|missed)", stdout
     )
@@ -190,6 +209,24 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
     assert run.data.params["mode"] == "quick"
     for name in ("lesson", "reprotrain"):
         assert run.data.metrics[f"whole/{name}_s"] == pytest.approx(whole["median_s"][name])
+        assert run.data.metrics[f"whole/{name}_cpu_s"] == pytest.approx(whole["median_cpu_s"][name])
+    assert run.data.metrics["whole/reprotrain_tracking.enabled_false_ratio"] == pytest.approx(
+        whole["row_ratios"][untracked]
+    )
+
+
+def test_a_whole_process_cpu_time_counts_the_children_it_waited_for(tmp_path: Path) -> None:
+    """The whole-process row's CPU time is the kernel's account of the process and of every
+    child it waited for (reprotrain's tracking worker is one): a parent that only waits for a
+    child burning ~0.6 s of CPU is charged that time, and its wall time covers it."""
+    burn = "import time; end = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], check=True)"
+    timed = timed_process([sys.executable, "-c", parent], tmp_path, child_env())
+    assert timed.failed == ""
+    assert timed.cpu_s >= 0.6 and timed.wall_s >= 0.6, timed
+    assert positive(timed.peak_rss_mb)
+    failing = timed_process([sys.executable, "-c", "raise SystemExit(3)"], tmp_path, child_env())
+    assert failing.failed.startswith("exited 3"), failing
 
 
 def test_crossover_cpu_half_writes_plot_and_table_and_says_gpu_half_is_absent(

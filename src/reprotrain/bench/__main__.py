@@ -5,6 +5,7 @@
     python -m reprotrain.bench --devices cpu --batch-sizes 64,256 --json results/bench.json
     python -m reprotrain.bench --quick --crossover           # add the CPU-vs-GPU crossover study
     python -m reprotrain.bench --crossover-only --hidden-sizes 128,512
+    python -m reprotrain.bench --quick --whole-with tracking.log_model=false   # one more row
 
 For each device and batch size, on the reference MLP (784 -> 512 -> 10, AdamW lr 1e-3):
     a      the course's loop as written: default AdamW, .to(device) per batch, loss.item() per step
@@ -15,7 +16,8 @@ For each device and batch size, on the reference MLP (784 -> 512 -> 10, AdamW lr
 plus each fast path switched on and off against c (bench/fastpath.py), the machine's fp32
 matmul FLOP/s, the start-up time of `python -m reprotrain.train`, the whole
 `python -m reprotrain.train` process against the course's script as written (lesson_script.py,
-on the CPU, imports included), data-parallel scaling under torchrun (bench/scaling.py), and
+on the CPU, imports included; --whole-with adds reprotrain rows with other overrides),
+data-parallel scaling under torchrun (bench/scaling.py), and
 `dvc repro` with nothing to do. Results: a table on stdout, results/bench.json, and an MLflow
 run in experiment `reprotrain-bench` (crossover points are its child runs).
 
@@ -119,7 +121,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--whole-pairs",
         type=int,
         default=None,
-        help="alternating pairs of whole-process runs (quick: 1, full: 3)",
+        help="alternating rounds of whole-process runs (quick: 1, full: 3)",
+    )
+    parser.add_argument(
+        "--whole-with",
+        action="append",
+        default=[],
+        metavar="OVERRIDES",
+        help="one more whole-process row: reprotrain with these overrides (separated by "
+        "spaces), e.g. --whole-with tracking.log_model=false; repeat for more rows",
     )
     parser.add_argument(
         "--crossover",
@@ -212,7 +222,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 steps = args.whole_steps or plan.whole_steps
                 say(f"whole process: the lesson's script and reprotrain, {steps} steps")
                 report["whole_process"] = whole_process(
-                    steps, WHOLE_BATCH, args.whole_pairs or plan.whole_pairs, workdir
+                    steps,
+                    WHOLE_BATCH,
+                    args.whole_pairs or plan.whole_pairs,
+                    workdir,
+                    args.whole_with,
                 )
                 say(f"data-parallel scaling: 1 and {SCALING_PROCESSES} processes under torchrun")
                 report["scaling"] = [
@@ -270,6 +284,7 @@ def bench_settings(
         "fastpaths": not args.no_fastpaths,
         "fastpath_batch_sizes": fastpath_batches(args.batch_sizes),
         "fastpath_pairs": plan.fastpath_pairs,
+        "whole_with": args.whole_with,
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -192,22 +193,33 @@ def _fixed_costs(report: dict[str, Any]) -> list[str]:
         ratio = whole["median_ratio"]
         out.append(
             f"whole process, CPU, {whole['steps']} steps at batch {whole['batch_size']} "
-            f"(median of {whole['pairs']} alternating pairs, imports included):"
+            f"(median of {whole['pairs']} alternating rounds, imports included):"
         )
         rows = [
             [
                 name,
                 f"{whole['median_s'][name]:.2f}",
+                f"{whole['row_ratios'][name]:.2f}",
+                f"{whole['median_cpu_s'][name]:.2f}",
                 f"{whole['peak_rss_mb'][name]:,.0f}",
                 whole["commands"][name],
             ]
-            for name in ("lesson", "reprotrain")
+            for name in whole["commands"]
         ]
-        out.append(_table(["process", "wall s", "peak RSS MB", "command"], rows))
+        out.append(
+            _table(["process", "wall s", "/ lesson", "CPU s", "peak RSS MB", "command"], rows)
+        )
         out.append(
             f"reprotrain / lesson wall time: {ratio:.2f} (pairs "
             f"{', '.join(f'{r:.2f}' for r in whole['ratios'])}); target <= {WHOLE_TARGET:g}: "
             f"{'met' if ratio <= WHOLE_TARGET else 'missed'}"
+        )
+        cpu, cores = whole["median_cpu_s"], whole["cores"]
+        out.append(
+            f"CPU time (user + system, with reprotrain's tracking worker): reprotrain "
+            f"{cpu['reprotrain']:.2f} s, lesson {cpu['lesson']:.2f} s; on {cores} cores the "
+            f"least wall time that work could take is {cpu['reprotrain'] / cores:.2f} s, "
+            f"{cpu['reprotrain'] / cores / whole['median_s']['lesson']:.2f}x the lesson's"
         )
     elif whole:
         out.append(f"whole process: {whole.get('error') or whole.get('skipped')}")
@@ -283,9 +295,12 @@ def metrics_of(report: dict[str, Any]) -> dict[str, float]:
     whole = report.get("whole_process", {})
     if "median_ratio" in whole:
         metrics["whole/ratio"] = whole["median_ratio"]
-        for name in ("lesson", "reprotrain"):
-            metrics[f"whole/{name}_s"] = whole["median_s"][name]
-            metrics[f"whole/{name}_peak_rss_mb"] = whole["peak_rss_mb"][name]
+        for name in whole["commands"]:
+            slug = re.sub(r"[^\w.-]+", "_", name)  # "reprotrain tracking.log_model=false"
+            metrics[f"whole/{slug}_s"] = whole["median_s"][name]
+            metrics[f"whole/{slug}_peak_rss_mb"] = whole["peak_rss_mb"][name]
+            metrics[f"whole/{slug}_cpu_s"] = whole["median_cpu_s"][name]
+            metrics[f"whole/{slug}_ratio"] = whole["row_ratios"][name]
     metrics["peak_rss_mb"] = report["peak_rss_mb"]
     # Labels, flags and figures that could not be measured (null) are not metrics.
     return {

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +67,15 @@ WHOLE_BATCH = 64
 WHOLE_TARGET = 0.8  # the most reprotrain's wall time may be, as a share of the script's
 
 
-def whole_process(steps: int, batch_size: int, pairs: int, workdir: Path) -> dict[str, Any]:
-    """Wall time and peak RSS of two whole processes on the CPU, in alternating pairs: the
-    course's script as written (run by its path: torch and nothing of reprotrain) and
+def whole_process(
+    steps: int, batch_size: int, pairs: int, workdir: Path, variants: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Wall time, CPU time and peak RSS of whole processes on the CPU, in alternating rounds:
+    the course's script as written (run by its path: torch and nothing of reprotrain) and
     `python -m reprotrain.train` with its defaults on (MLflow run and Model, checkpoints,
-    outputs) for the same steps and batch size. Imports are included in both."""
+    outputs) for the same steps and batch size; then one more reprotrain row per entry of
+    `variants` (overrides separated by spaces, "tracking.log_model=false"), named by it.
+    Imports are included in all."""
     uri = f"sqlite:///{workdir / 'whole.db'}"
     prepare_store(uri)  # a user's store exists already
     env = child_env()
@@ -95,16 +101,26 @@ def whole_process(steps: int, batch_size: int, pairs: int, workdir: Path) -> dic
             f"train.checkpoint_dir={workdir / 'checkpoints'}",
         ],
     }
+    for overrides in variants:
+        commands[f"reprotrain {overrides}"] = [*commands["reprotrain"], *overrides.split()]
     walls: dict[str, list[float]] = {name: [] for name in commands}
     rss: dict[str, list[float]] = {name: [] for name in commands}
+    cpus: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(pairs):
         for name, command in commands.items():
-            wall, peak, failed = timed_process(command, workdir, env)
-            if failed:
-                return {"error": f"{name} {failed}"}
-            walls[name].append(wall)
-            rss[name].append(peak)
+            timed = timed_process(command, workdir, env)
+            if timed.failed:
+                return {"error": f"{name} {timed.failed}"}
+            walls[name].append(timed.wall_s)
+            rss[name].append(timed.peak_rss_mb)
+            cpus[name].append(timed.cpu_s)
     ratios = [r / s for r, s in zip(walls["reprotrain"], walls["lesson"], strict=True)]
+    # Each row's wall time as a share of the lesson's, round by round, then the median.
+    row_ratios = {
+        name: statistics.median(r / s for r, s in zip(wall, walls["lesson"], strict=True))
+        for name, wall in walls.items()
+    }
+    cores = len(os.sched_getaffinity(0))
     return {
         "steps": steps,
         "batch_size": batch_size,
@@ -114,38 +130,62 @@ def whole_process(steps: int, batch_size: int, pairs: int, workdir: Path) -> dic
         "median_s": {name: statistics.median(w) for name, w in walls.items()},
         "ratios": ratios,
         "median_ratio": statistics.median(ratios),
+        "variants": list(variants),
+        "row_ratios": row_ratios,
         "peak_rss_mb": {name: max(v) for name, v in rss.items()},
+        # CPU time (user + system, the process and every child it waited for: reprotrain's
+        # tracking worker); divided by the cores, the least wall time that work could take.
+        "cpu_s": cpus,
+        "median_cpu_s": {name: statistics.median(c) for name, c in cpus.items()},
+        "cores": cores,
     }
 
 
-def timed_process(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB, "" or what went wrong) of one process and its children
-    (reprotrain's tracking worker). The peak is the sum of each one's kernel high-water mark
-    (VmHWM), read every 20 ms while it runs: at most what they held at any one moment, never
-    less. getrusage's figure for a child also counts the parent's pages it had before exec."""
+@dataclass
+class Timed:
+    """What one whole process cost: wall time, peak memory, CPU time; `failed` says what went
+    wrong ("" when it exited 0)."""
+
+    wall_s: float
+    peak_rss_mb: float
+    cpu_s: float
+    failed: str = ""
+
+
+def timed_process(command: list[str], cwd: Path, env: dict[str, str]) -> Timed:
+    """Wall time, peak RSS and CPU time of one process and its children (reprotrain's
+    tracking worker). The peak is the sum of each one's kernel high-water mark (VmHWM), read
+    every 20 ms while it runs: at most what they held at any one moment, never less.
+    getrusage's peak for a child also counts the parent's pages it had before exec. The CPU
+    time is the kernel's account of the process and of every child it waited for (wait4)."""
     peak_kb: dict[int, int] = {}
     with tempfile.TemporaryFile() as errors:
         began = time.perf_counter()
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
-        while proc.poll() is None:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
             try:
                 family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))]
             except psutil.Error:
                 family = []  # exiting: the last readings stand
-            for pid in family:
+            for member in family:
                 try:
-                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    for line in Path(f"/proc/{member}/status").read_text().splitlines():
                         if line.startswith("VmHWM:"):
-                            peak_kb[pid] = max(peak_kb.get(pid, 0), int(line.split()[1]))
+                            peak_kb[member] = max(peak_kb.get(member, 0), int(line.split()[1]))
                 except (OSError, ValueError):
                     pass  # exiting: the last reading stands
             time.sleep(0.02)
         wall = time.perf_counter() - began
+        cpu = usage.ru_utime + usage.ru_stime
         if proc.returncode != 0:
             errors.seek(0)
             last = errors.read().decode(errors="replace").strip().splitlines() or ["no output"]
-            return wall, float("nan"), f"exited {proc.returncode}: {last[-1]}"
-    return wall, sum(peak_kb.values()) / 1024, ""
+            return Timed(wall, float("nan"), cpu, f"exited {proc.returncode}: {last[-1]}")
+    return Timed(wall, sum(peak_kb.values()) / 1024, cpu)
 
 
 def dvc_repro_time(repeats: int, enabled: bool) -> dict[str, Any]:
