@@ -114,12 +114,12 @@ def whole_process(
             walls[name].append(timed.wall_s)
             rss[name].append(timed.peak_rss_mb)
             cpus[name].append(timed.cpu_s)
-    ratios = [r / s for r, s in zip(walls["reprotrain"], walls["lesson"], strict=True)]
-    # Each row's wall time as a share of the lesson's, round by round, then the median.
-    row_ratios = {
-        name: statistics.median(r / s for r, s in zip(wall, walls["lesson"], strict=True))
+    # Each row's wall time as a share of the lesson's in the same round.
+    per_round = {
+        name: [r / s for r, s in zip(wall, walls["lesson"], strict=True)]
         for name, wall in walls.items()
     }
+    ratios = per_round["reprotrain"]
     cores = len(os.sched_getaffinity(0))
     return {
         "steps": steps,
@@ -131,7 +131,7 @@ def whole_process(
         "ratios": ratios,
         "median_ratio": statistics.median(ratios),
         "variants": list(variants),
-        "row_ratios": row_ratios,
+        "row_ratios": {name: statistics.median(r) for name, r in per_round.items()},
         "peak_rss_mb": {name: max(v) for name, v in rss.items()},
         # CPU time (user + system, the process and every child it waited for: reprotrain's
         # tracking worker); divided by the cores, the least wall time that work could take.
