@@ -154,6 +154,31 @@ def test_sigkill_before_the_first_checkpoint_says_to_start_again(tmp_path: Path)
     assert not list((tmp_path / "outputs" / "checkpoints").glob("*.pt"))
 
 
+def test_group_killed_before_the_first_checkpoint_is_cleaned_with_start_again(
+    tmp_path: Path,
+) -> None:
+    """Trainer and worker killed together before the first checkpoint: `reprotrain.runs
+    --clean` ends the run KILLED and says to start it again, not to resume it (which would
+    fail: no checkpoint). The run names its checkpoint folder (`reprotrain.checkpoint_dir`)."""
+    store = ready_store(tmp_path)
+    first = ("train.steps=1500", "train.checkpoint_every=0", "train.checkpoint_every_s=3600")
+    proc = start_training(tmp_path, store.uri, *first)
+    wait_for_losses(store, 100, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    run = store.only_run()
+    run_id = run.info.run_id
+    folder = tmp_path / "outputs" / "checkpoints"
+    assert run.data.tags["reprotrain.checkpoint_dir"] == str(folder.resolve())
+    assert not (folder / f"{run_id}.pt").exists()
+    cleaned = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+    assert cleaned.returncode == 0, cleaned.stderr
+    (line,) = [line for line in cleaned.stdout.splitlines() if line.startswith(run_id)]
+    assert "marked KILLED; it was killed before its first checkpoint" in line, line
+    assert "train.resume=" not in line, line
+    assert store.only_run().info.status == "KILLED"
+
+
 def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     tmp_path: Path,
 ) -> None:
@@ -510,7 +535,9 @@ def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
         for line in cleaned.stdout.splitlines():
             run_id = line.split()[0]
             checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run_id}.pt"
-            if "continue it with:" in line and checkpoint.is_file():  # else: killed before one
+            if "marked KILLED" in line:  # resume only what has a checkpoint; else start again
+                assert ("continue it with:" in line) == checkpoint.is_file(), line
+            if "continue it with:" in line:
                 train(tmp_path, store, *overrides, f"train.output_dir={out}",
                       f"train.resume={run_id}")  # fmt: skip
                 recovered += 1

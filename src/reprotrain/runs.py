@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         if orphan is not None:
             print(
                 f"{run.info.run_id}  {run.info.run_name}: {orphan.why}; marked KILLED; "
-                f"continue it with: {orphan.resume_command()}"
+                f"{orphan.what_next()}"
             )
             continue
         why = gone_because(run.data.tags)

@@ -27,7 +27,7 @@ from typing import Any
 
 from reprotrain.errors import TrackingError
 from reprotrain.tracking.mlflow_model import log_pytorch_model, logged_model_of
-from reprotrain.tracking.orphans import owner_tags, sweep
+from reprotrain.tracking.orphans import CHECKPOINT_TAG, START_AGAIN, owner_tags, sweep
 from reprotrain.tracking.recorder import (
     MAX_BATCH,
     MetricBuffer,
@@ -166,8 +166,12 @@ class TrackedRun:
             self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
         # The owner is this process unless the tags name another (the training process, for
         # a run its tracking worker keeps).
+        # Where its checkpoint goes, so that `reprotrain.runs --clean` can tell a run killed
+        # before its first checkpoint to start again rather than to resume.
+        where = {CHECKPOINT_TAG: str(self.checkpoint_dir)} if self.checkpoint_dir else {}
         tags = [
-            RunTag(k, redact(str(v))[:MAX_TEXT]) for k, v in {**owner_tags(), **self.tags}.items()
+            RunTag(k, redact(str(v))[:MAX_TEXT])
+            for k, v in {**owner_tags(), **where, **self.tags}.items()
         ]
         params = [Param(k, _param_text(v)) for k, v in self.params.items()]
         for i in range(0, max(len(params), 1), MAX_PARAMS):
@@ -348,11 +352,7 @@ class TrackedRun:
             self.checkpoint_dir is not None
             and not (self.checkpoint_dir / f"{self._run_id}.pt").exists()
         ):
-            return (
-                "it was killed before its first checkpoint (train.checkpoint_every_s, "
-                "train.checkpoint_every), so start it again with the same command, "
-                "without train.resume"
-            )
+            return START_AGAIN
         return f"continue it with the same command and train.resume={self._run_id}"
 
 

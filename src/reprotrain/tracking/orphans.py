@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -33,6 +34,12 @@ HOST_TAG = "reprotrain.host"
 PID_TAG = "reprotrain.pid"
 STARTED_TAG = "reprotrain.pid_started"
 CONTAINER_TAG = "reprotrain.container"
+CHECKPOINT_TAG = "reprotrain.checkpoint_dir"  # where the run's <run id>.pt is written
+# What to do with a run killed before its first checkpoint: there is nothing to resume.
+START_AGAIN = (
+    "it was killed before its first checkpoint (train.checkpoint_every_s, "
+    "train.checkpoint_every), so start it again with the same command, without train.resume"
+)
 ENDED_TAG = "reprotrain.ended_by"
 CONTAINER_NAME_ENV = "REPROTRAIN_CONTAINER_NAME"  # the launcher names the container it starts
 
@@ -43,9 +50,14 @@ class Orphan:
     run_name: str
     experiment_id: str
     why: str
+    checkpoint: Path | None = None  # its <run id>.pt, where it can be checked from here
 
-    def resume_command(self) -> str:
-        return f"python -m reprotrain.train train.resume={self.run_id}"
+    def what_next(self) -> str:
+        """How to go on: resume from the checkpoint, or start again where it provably has
+        none (killed before its first checkpoint: a resume would fail)."""
+        if self.checkpoint is not None and not self.checkpoint.exists():
+            return START_AGAIN
+        return f"continue it with: python -m reprotrain.train train.resume={self.run_id}"
 
 
 def owner_tags() -> dict[str, str]:
@@ -82,6 +94,17 @@ def gone_because(tags: dict[str, str]) -> str | None:
     return None
 
 
+def checkpoint_of(run_id: str, tags: dict[str, str]) -> Path | None:
+    """The run's checkpoint file where this machine sees the folder its owner wrote to: the
+    same host, and not inside a container (whose folders are not the host's)."""
+    folder = tags.get(CHECKPOINT_TAG)
+    if not folder or CONTAINER_TAG in tags or in_container():
+        return None
+    if tags.get(HOST_TAG) != socket.gethostname():
+        return None
+    return Path(folder) / f"{run_id}.pt"
+
+
 def _container_gone(name: str) -> str | None:
     try:
         probe = subprocess.run(
@@ -116,7 +139,9 @@ def end_orphans(client: Any, experiment_ids: list[str], exclude: str = "") -> li
             continue
         client.set_tag(run.info.run_id, ENDED_TAG, f"reprotrain: {why}; found {_now()}")
         client.set_terminated(run.info.run_id, "KILLED")
-        ended.append(Orphan(run.info.run_id, run.info.run_name, run.info.experiment_id, why))
+        run_id = run.info.run_id
+        checkpoint = checkpoint_of(run_id, run.data.tags)
+        ended.append(Orphan(run_id, run.info.run_name, run.info.experiment_id, why, checkpoint))
     return ended
 
 
@@ -136,7 +161,7 @@ def sweep(client: Any, experiment_ids: list[str], exclude: str = "") -> list[Orp
     for orphan in ended:
         print(
             f"reprotrain: run {orphan.run_id} ({orphan.run_name}) was left RUNNING, but "
-            f"{orphan.why}: marked KILLED; continue it with: {orphan.resume_command()}",
+            f"{orphan.why}: marked KILLED; {orphan.what_next()}",
             file=sys.stderr,
             flush=True,
         )
