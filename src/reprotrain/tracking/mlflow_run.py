@@ -27,7 +27,13 @@ from typing import Any
 
 from reprotrain.errors import TrackingError
 from reprotrain.tracking.mlflow_model import log_pytorch_model, logged_model_of
-from reprotrain.tracking.orphans import CHECKPOINT_TAG, START_AGAIN, owner_tags, sweep
+from reprotrain.tracking.orphans import (
+    CHECKPOINT_TAG,
+    START_AGAIN,
+    checkpoint_file,
+    owner_tags,
+    sweep,
+)
 from reprotrain.tracking.recorder import (
     MAX_BATCH,
     MetricBuffer,
@@ -164,11 +170,11 @@ class TrackedRun:
                 self.params = {}  # logged when it started; MLflow params cannot change
         if self.spool_dir is not None:
             self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
-        # The owner is this process unless the tags name another (the training process, for
-        # a run its tracking worker keeps).
         # Where its checkpoint goes, so that `reprotrain.runs --clean` can tell a run killed
         # before its first checkpoint to start again rather than to resume.
         where = {CHECKPOINT_TAG: str(self.checkpoint_dir)} if self.checkpoint_dir else {}
+        # The owner is this process unless the tags name another (the training process, for
+        # a run its tracking worker keeps).
         tags = [
             RunTag(k, redact(str(v))[:MAX_TEXT])
             for k, v in {**owner_tags(), **where, **self.tags}.items()
@@ -350,7 +356,7 @@ class TrackedRun:
         has none to continue from (checkpoint.checkpoint_path names the file)."""
         if (
             self.checkpoint_dir is not None
-            and not (self.checkpoint_dir / f"{self._run_id}.pt").exists()
+            and not checkpoint_file(self.checkpoint_dir, self._run_id).exists()
         ):
             return START_AGAIN
         return f"continue it with the same command and train.resume={self._run_id}"

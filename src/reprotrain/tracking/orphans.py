@@ -94,6 +94,11 @@ def gone_because(tags: dict[str, str]) -> str | None:
     return None
 
 
+def checkpoint_file(folder: Path, run_id: str) -> Path:
+    """<folder>/<run id>.pt, as checkpoint.checkpoint_path names it (without importing torch)."""
+    return folder / f"{run_id}.pt"
+
+
 def checkpoint_of(run_id: str, tags: dict[str, str]) -> Path | None:
     """The run's checkpoint file where this machine sees the folder its owner wrote to: the
     same host, and not inside a container (whose folders are not the host's)."""
@@ -102,7 +107,7 @@ def checkpoint_of(run_id: str, tags: dict[str, str]) -> Path | None:
         return None
     if tags.get(HOST_TAG) != socket.gethostname():
         return None
-    return Path(folder) / f"{run_id}.pt"
+    return checkpoint_file(Path(folder), run_id)
 
 
 def _container_gone(name: str) -> str | None:
@@ -137,9 +142,9 @@ def end_orphans(client: Any, experiment_ids: list[str], exclude: str = "") -> li
         why = gone_because(run.data.tags)
         if why is None:
             continue
-        client.set_tag(run.info.run_id, ENDED_TAG, f"reprotrain: {why}; found {_now()}")
-        client.set_terminated(run.info.run_id, "KILLED")
         run_id = run.info.run_id
+        client.set_tag(run_id, ENDED_TAG, f"reprotrain: {why}; found {_now()}")
+        client.set_terminated(run_id, "KILLED")
         checkpoint = checkpoint_of(run_id, run.data.tags)
         ended.append(Orphan(run_id, run.info.run_name, run.info.experiment_id, why, checkpoint))
     return ended
