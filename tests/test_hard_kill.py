@@ -97,7 +97,7 @@ def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path:
     assert store.only_run().info.status == "RUNNING"  # listing changes nothing
     cleaned = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
     assert cleaned.returncode == 0, cleaned.stderr
-    assert f"continue it with: python -m reprotrain.train train.resume={run_id}" in cleaned.stdout
+    assert f"continue it with the same command and train.resume={run_id}" in cleaned.stdout
     run = store.only_run()
     assert run.info.status == "KILLED" and "is gone" in run.data.tags["reprotrain.ended_by"]
 
@@ -536,8 +536,8 @@ def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
             run_id = line.split()[0]
             checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run_id}.pt"
             if "marked KILLED" in line:  # resume only what has a checkpoint; else start again
-                assert ("continue it with:" in line) == checkpoint.is_file(), line
-            if "continue it with:" in line:
+                assert ("train.resume=" in line) == checkpoint.is_file(), line
+            if "continue it with the same command" in line:
                 train(tmp_path, store, *overrides, f"train.output_dir={out}",
                       f"train.resume={run_id}")  # fmt: skip
                 recovered += 1

@@ -29,10 +29,10 @@ from reprotrain.errors import TrackingError
 from reprotrain.tracking.mlflow_model import log_pytorch_model, logged_model_of
 from reprotrain.tracking.orphans import (
     CHECKPOINT_TAG,
-    START_AGAIN,
     checkpoint_file,
     owner_tags,
     sweep,
+    what_next,
 )
 from reprotrain.tracking.recorder import (
     MAX_BATCH,
@@ -354,12 +354,8 @@ class TrackedRun:
     def _what_next(self) -> str:
         """A KILLED run continues from its checkpoint; one killed before its first checkpoint
         has none to continue from (checkpoint.checkpoint_path names the file)."""
-        if (
-            self.checkpoint_dir is not None
-            and not checkpoint_file(self.checkpoint_dir, self._run_id).exists()
-        ):
-            return START_AGAIN
-        return f"continue it with the same command and train.resume={self._run_id}"
+        folder = self.checkpoint_dir
+        return what_next(self._run_id, checkpoint_file(folder, self._run_id) if folder else None)
 
 
 def recorded_steps(client: Any, run: Any) -> set[tuple[str, int]]:

@@ -53,11 +53,16 @@ class Orphan:
     checkpoint: Path | None = None  # its <run id>.pt, where it can be checked from here
 
     def what_next(self) -> str:
-        """How to go on: resume from the checkpoint, or start again where it provably has
-        none (killed before its first checkpoint: a resume would fail)."""
-        if self.checkpoint is not None and not self.checkpoint.exists():
-            return START_AGAIN
-        return f"continue it with: python -m reprotrain.train train.resume={self.run_id}"
+        return what_next(self.run_id, self.checkpoint)
+
+
+def what_next(run_id: str, checkpoint: Path | None) -> str:
+    """How to go on with a KILLED run: its own command again with train.resume (the command's
+    overrides, train.steps say, are not restored from the checkpoint), or, where it provably
+    has no checkpoint (killed before its first one: a resume would fail), start it again."""
+    if checkpoint is not None and not checkpoint.exists():
+        return START_AGAIN
+    return f"continue it with the same command and train.resume={run_id}"
 
 
 def owner_tags() -> dict[str, str]:
