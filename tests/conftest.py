@@ -165,6 +165,15 @@ def wait_for_losses(store: Store, count: int, proc: subprocess.Popen, timeout: f
     raise AssertionError(f"fewer than {count} losses recorded in time")
 
 
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Poll until `path` exists (the child must keep running)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the run ended before it could be killed there"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.02)
+
+
 def require_docker() -> None:
     """Skip without a usable Docker engine, or fail when REPROTRAIN_REQUIRE_DOCKER=1 (CI)."""
     from reprotrain.containers import engine_status

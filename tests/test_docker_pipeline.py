@@ -29,6 +29,7 @@ from conftest import (
     require_docker,
     run_app,
     sh,
+    wait_for,
     wait_for_losses,
 )
 from userproject import user_project
@@ -501,24 +502,41 @@ def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
         assert len(store.losses(run.info.run_id)) == 40
 
 
-def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpointed", [True, False], ids=["checkpointed", "no-checkpoint"])
+def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(
+    tmp_path: Path, checkpointed: bool
+) -> None:
     """kill -9 of the launcher leaves its container training: `runs --clean` leaves that run
-    alone; once the container is gone too, it ends the run KILLED."""
+    alone; once the container is gone too, it ends the run KILLED and says to resume it, or,
+    killed before its first checkpoint, to start it again: the container wrote its checkpoint
+    folder at the same path on this host, which its launcher recorded."""
     require_docker()
     from reprotrain.tracking import prepare_store
 
     repo = make_project(tmp_path / "project", runtime="docker")
     store = Store(repo)
     prepare_store(store.uri)
-    proc = launch(repo, *STOP_RESUME_RUN, "train.steps=60000")
+    cadence = (
+        ("train.checkpoint_every=500",)
+        if checkpointed
+        else ("train.checkpoint_every=0", "train.checkpoint_every_s=3600")
+    )
+    run_args = [a for a in STOP_RESUME_RUN if not a.startswith("train.checkpoint_every=")]
+    proc = launch(repo, *run_args, *cadence, "train.steps=60000")
     try:
         wait_for_losses(store, 100, proc, timeout=900)
+        run = store.only_run()
+        checkpoint = Path(run.data.tags["reprotrain.checkpoint_dir"]) / f"{run.info.run_id}.pt"
+        if checkpointed:
+            wait_for(checkpoint, proc)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher, gone at once
         proc.wait(timeout=30)
     run = store.only_run()
     name = run.data.tags["reprotrain.container"]
     assert run.info.status == "RUNNING" and name.startswith("reprotrain-cpu-")
+    assert run.data.tags["reprotrain.launcher_host"] == socket.gethostname()
+    assert checkpoint.parent == (repo / "outputs" / "checkpoints").resolve()
 
     def clean() -> str:
         result = sh(repo, PYTHON, "-m", "reprotrain.runs", "--clean", "--tracking-uri", store.uri)
@@ -537,7 +555,11 @@ def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_pa
         time.sleep(0.5)
     said = clean()
     assert f"its container {name} is gone; marked KILLED" in said
-    assert f"train.resume={run.info.run_id}" in said
+    assert checkpoint.exists() == checkpointed
+    if checkpointed:
+        assert f"train.resume={run.info.run_id}" in said
+    else:
+        assert "killed before its first checkpoint" in said and "train.resume=" not in said
     assert store.only_run().info.status == "KILLED"
 
 

@@ -27,8 +27,10 @@ from conftest import (
     kill_trainer,
     start_training,
     train,
+    wait_for,
     wait_for_losses,
 )
+from reprotrain.tracking.orphans import START_AGAIN, checkpoint_of, what_next
 from test_reliability import MlflowServer
 
 KILLABLE = [
@@ -65,14 +67,6 @@ def module(cwd: Path, name: str, *args: str, timeout: float = 300) -> subprocess
 
 def steps_recorded(store: Store, run_id: str, key: str = "train/loss") -> list[int]:
     return sorted(m.step for m in store.client.get_metric_history(run_id, key))
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, "the run ended before it could be killed there"
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.02)
 
 
 def dead_pid() -> int:
@@ -210,6 +204,31 @@ def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     assert (
         again.returncode == 2 and "is FINISHED" in again.stderr and "Traceback" not in again.stderr
     )
+
+
+def test_the_checkpoint_is_checked_only_where_this_host_sees_its_folder(tmp_path: Path) -> None:
+    """A run's checkpoint is looked for by a process on its host, or for a container that
+    this host's launcher started (it mounts the folder at the same path); elsewhere the
+    folder is not this host's, and the advice stays "continue it"."""
+    here = socket.gethostname()
+    folder = {"reprotrain.checkpoint_dir": str(tmp_path)}
+    container = {**folder, "reprotrain.host": "0123abcd", "reprotrain.container": "reprotrain-x"}
+    seen = {
+        "local here": {**folder, "reprotrain.host": here},
+        "local elsewhere": {**folder, "reprotrain.host": f"{here}-other"},
+        "container launched here": {**container, "reprotrain.launcher_host": here},
+        "container launched elsewhere": {**container, "reprotrain.launcher_host": "other"},
+        "container, launcher unknown": container,
+        "no folder recorded": {"reprotrain.host": here},
+    }
+    expected = {"local here", "container launched here"}
+    for case, tags in seen.items():
+        checkpoint = checkpoint_of("r1", tags)
+        assert (checkpoint == tmp_path / "r1.pt") == (case in expected), case
+        advice = what_next("r1", checkpoint)
+        assert (advice == START_AGAIN) == (case in expected), case
+    (tmp_path / "r1.pt").write_bytes(b"x")
+    assert "train.resume=r1" in what_next("r1", checkpoint_of("r1", seen["local here"]))
 
 
 def test_live_and_foreign_runs_are_left_running(tmp_path: Path, store: Store) -> None:

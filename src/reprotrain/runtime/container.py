@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from reprotrain.tracking import (
     redact,
     sweep,
 )
-from reprotrain.tracking.orphans import CONTAINER_NAME_ENV
+from reprotrain.tracking.orphans import CHECKPOINT_TAG, CONTAINER_NAME_ENV, LAUNCHER_HOST_ENV
 
 
 def image_kind(config: Config) -> str:
@@ -94,6 +95,7 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         "GIT_PYTHON_REFRESH": "quiet",  # the image has no git: MLflow's probe for it stays quiet
         CONTAINER_ENV: "1",
         CONTAINER_NAME_ENV: name,  # the run's owner, as a later run checks it is alive
+        LAUNCHER_HOST_ENV: socket.gethostname(),  # where its mounted folders can be checked
         **({"REPROTRAIN_RUN_ID": run_id} if run_id else {}),
         **{
             k: v
@@ -198,7 +200,8 @@ def create_run(config: Config, uri: str, kind: str) -> str:
     default = f"{model.rsplit('.', 1)[-1]}-{optimizer.rsplit('.', 1)[-1]}-docker-{kind}".lower()
     name = config.tracking.run_name or default
     # Owned by this launcher until the training process in the container tags itself.
-    run_id = client.create_run(experiment_id, run_name=name, tags=owner_tags()).info.run_id
+    tags = {**owner_tags(), CHECKPOINT_TAG: str(Path(config.train.checkpoint_dir).resolve())}
+    run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     sweep(client, [experiment_id], exclude=run_id)  # inside the container nothing can be proved
     return run_id
 

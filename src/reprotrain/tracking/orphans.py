@@ -34,6 +34,7 @@ HOST_TAG = "reprotrain.host"
 PID_TAG = "reprotrain.pid"
 STARTED_TAG = "reprotrain.pid_started"
 CONTAINER_TAG = "reprotrain.container"
+LAUNCHER_HOST_TAG = "reprotrain.launcher_host"  # the host whose launcher started the container
 CHECKPOINT_TAG = "reprotrain.checkpoint_dir"  # where the run's <run id>.pt is written
 # What to do with a run killed before its first checkpoint: there is nothing to resume.
 START_AGAIN = (
@@ -42,6 +43,7 @@ START_AGAIN = (
 )
 ENDED_TAG = "reprotrain.ended_by"
 CONTAINER_NAME_ENV = "REPROTRAIN_CONTAINER_NAME"  # the launcher names the container it starts
+LAUNCHER_HOST_ENV = "REPROTRAIN_LAUNCHER_HOST"  # and says which host it runs on
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ def owner_tags() -> dict[str, str]:
     }
     if in_container() and os.environ.get(CONTAINER_NAME_ENV):
         tags[CONTAINER_TAG] = os.environ[CONTAINER_NAME_ENV]
+        tags[LAUNCHER_HOST_TAG] = os.environ.get(LAUNCHER_HOST_ENV, "")
     return tags
 
 
@@ -105,12 +108,14 @@ def checkpoint_file(folder: Path, run_id: str) -> Path:
 
 
 def checkpoint_of(run_id: str, tags: dict[str, str]) -> Path | None:
-    """The run's checkpoint file where this machine sees the folder its owner wrote to: the
-    same host, and not inside a container (whose folders are not the host's)."""
+    """The run's checkpoint file where this machine sees the folder its owner wrote to: a
+    process on this host, or a container this host's launcher started (it mounts the folder
+    at the same path). Not from inside a container, whose folders are not the host's."""
     folder = tags.get(CHECKPOINT_TAG)
-    if not folder or CONTAINER_TAG in tags or in_container():
+    if not folder or in_container():
         return None
-    if tags.get(HOST_TAG) != socket.gethostname():
+    owner_host = tags.get(LAUNCHER_HOST_TAG) if CONTAINER_TAG in tags else tags.get(HOST_TAG)
+    if owner_host != socket.gethostname():
         return None
     return checkpoint_file(Path(folder), run_id)
 
