@@ -21,15 +21,18 @@ import pytest
 
 from conftest import (
     PYTHON,
+    ROOT,
     Store,
     _capability_skip,
     child_env,
     kill_trainer,
+    require_docker,
     start_training,
     train,
     wait_for,
     wait_for_losses,
 )
+from reprotrain.containers import ensure_image
 from reprotrain.tracking.orphans import START_AGAIN, checkpoint_of, what_next
 from test_reliability import MlflowServer
 
@@ -261,6 +264,78 @@ def test_live_and_foreign_runs_are_left_running(tmp_path: Path, store: Store) ->
         "untagged": "RUNNING",
     }
     assert "runs: 5 RUNNING" in result.stdout and "2 marked KILLED" in result.stdout
+
+
+def test_container_runs_are_ended_only_once_launcher_and_container_are_gone(
+    tmp_path: Path, store: Store
+) -> None:
+    """A container run, as its launcher creates it: owned by the launcher until the container
+    tags itself, naming the container it is about to start. The cleaner asks this host's
+    engine only about containers this host launched, and ends a run whose container the
+    engine does not have, or never started, only once the launcher is gone too."""
+    require_docker()
+    from reprotrain.tracking import ensure_experiment, owner_tags
+
+    image = ensure_image("cpu", ROOT).tag
+    here = socket.gethostname()
+    token = os.urandom(4).hex()
+    running, created, exited = (f"reprotrain-test-{kind}-{token}" for kind in ("r", "c", "e"))
+
+    def docker(*args: str) -> None:
+        subprocess.run(["docker", "container", *args], check=True, capture_output=True)
+
+    offline = ("--network", "none")
+    try:
+        docker("run", "-d", "--rm", *offline, "--name", running, image, "sleep", "300")
+        docker("create", *offline, "--name", created, image, "true")
+        docker("run", *offline, "--name", exited, image, "true")
+        launcher = owner_tags()  # this process plays the launcher
+        gone = {**launcher, "reprotrain.pid": str(dead_pid())}
+        missing = f"reprotrain-test-m-{token}"
+
+        def run(owner: dict[str, str], name: str, host: str = here) -> dict[str, str]:
+            return {**owner, "reprotrain.container": name, "reprotrain.launcher_host": host}
+
+        cases = {
+            "starting": run(launcher, missing),  # the launcher has not started it yet
+            "launcher gone before the start": run(gone, missing),
+            "launched from another host": run(gone, missing, "elsewhere.example"),
+            "launcher gone, container training": run(gone, running),
+            "launcher gone, container created": run(gone, created),
+            "container stopped": run(launcher, exited),
+        }
+        client = store.client
+        experiment = ensure_experiment(client, "reprotrain")
+        ids = {
+            name: client.create_run(experiment, run_name=name, tags=tags).info.run_id
+            for name, tags in cases.items()
+        }
+        result = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+    finally:
+        subprocess.run(["docker", "rm", "-f", running, created, exited], capture_output=True)
+    assert result.returncode == 0, result.stderr
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert status == {
+        "starting": "RUNNING",
+        "launcher gone before the start": "KILLED",
+        "launched from another host": "RUNNING",
+        "launcher gone, container training": "RUNNING",
+        "launcher gone, container created": "KILLED",
+        "container stopped": "KILLED",
+    }
+    ended_by = {
+        name: client.get_run(ids[name]).data.tags["reprotrain.ended_by"]
+        for name, value in status.items()
+        if value == "KILLED"
+    }
+    assert (
+        f"its container reprotrain-test-m-{token} is gone"
+        in ended_by["launcher gone before the start"]
+    )
+    assert (
+        f"its container {created} was never started" in ended_by["launcher gone, container created"]
+    )
+    assert f"its container {exited} has stopped" in ended_by["container stopped"]
 
 
 def test_two_runs_sharing_an_output_folder_are_warned(tmp_path: Path) -> None:

@@ -40,7 +40,13 @@ from reprotrain.tracking import (
     redact,
     sweep,
 )
-from reprotrain.tracking.orphans import CHECKPOINT_TAG, CONTAINER_NAME_ENV, LAUNCHER_HOST_ENV
+from reprotrain.tracking.orphans import (
+    CHECKPOINT_TAG,
+    CONTAINER_NAME_ENV,
+    CONTAINER_TAG,
+    LAUNCHER_HOST_ENV,
+    LAUNCHER_HOST_TAG,
+)
 
 
 def image_kind(config: Config) -> str:
@@ -78,14 +84,14 @@ def run_in_docker(config: Config) -> dict[str, Any]:
     resumed = resumed_run_id(config)  # a missing or mismatched checkpoint fails before a build
     image = ensure_image(kind, root)
     uri = config.tracking.uri or default_tracking_uri()
+    name = f"reprotrain-{kind}-{uuid.uuid4().hex[:12]}"
     run_id = ""
     if config.tracking.enabled:
         check_store(uri, config.tracking.connect_timeout_s)
         prepare_store(uri)
-        run_id = resumed or create_run(config, uri, kind)
+        run_id = resumed or create_run(config, uri, kind, name)
     commit, dirty = git_state(root)
     config_file = write_launch_config(root, config)
-    name = f"reprotrain-{kind}-{uuid.uuid4().hex[:12]}"
     env = {
         "MLFLOW_TRACKING_URI": uri,
         "REPROTRAIN_RUNTIME": f"docker-{kind}",
@@ -192,15 +198,22 @@ def write_launch_config(root: Path, config: Config) -> Path:
     return path
 
 
-def create_run(config: Config, uri: str, kind: str) -> str:
-    """Create the run on the host, so a container killed outright still leaves a status."""
+def create_run(config: Config, uri: str, kind: str, container: str) -> str:
+    """Create the run on the host, so a container killed outright still leaves a status. It
+    names the container about to start and this host, so a cleaner here asks the engine about
+    it, and this launcher, which owns the run until the training process in the container
+    tags itself: a cleaner ends it only once both are gone."""
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, config.tracking.experiment)
     model, optimizer = (config.model["_target_"], config.optimizer["_target_"])
     default = f"{model.rsplit('.', 1)[-1]}-{optimizer.rsplit('.', 1)[-1]}-docker-{kind}".lower()
     name = config.tracking.run_name or default
-    # Owned by this launcher until the training process in the container tags itself.
-    tags = {**owner_tags(), CHECKPOINT_TAG: str(Path(config.train.checkpoint_dir).resolve())}
+    tags = {
+        **owner_tags(),
+        CONTAINER_TAG: container,
+        LAUNCHER_HOST_TAG: socket.gethostname(),
+        CHECKPOINT_TAG: str(Path(config.train.checkpoint_dir).resolve()),
+    }
     run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     sweep(client, [experiment_id], exclude=run_id)  # inside the container nothing can be proved
     return run_id

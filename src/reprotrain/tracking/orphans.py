@@ -7,12 +7,14 @@ worker both killed: kill -9 of the group, a power cut, a container killed).
 
 Each run records who owns it, its training process: `reprotrain.host`, `reprotrain.pid` and
 the process's start time (`reprotrain.pid_started`, so a reused PID is not taken for the
-owner), and, in
-reprotrain's container, the container's name (`reprotrain.container`). A run is an orphan
-only when that can be proved from here: a process on this host whose PID is gone or belongs
-to another process, or a container the local Docker engine no longer has. Runs owned by
-another machine, or whose owner cannot be checked (another PID namespace, no Docker engine),
-are left alone: a teammate's live run on a shared server is never ended.
+owner), and, for a container run, the container's name (`reprotrain.container`) and the host
+whose launcher started it (`reprotrain.launcher_host`), both tagged by the launcher when it
+creates the run. A run is an orphan only when that can be proved from here: a process on this
+host whose PID is gone or belongs to another process, or a container this host launched that
+has stopped, or that the local Docker engine does not have while its launcher is gone too (a
+launcher creates the run before it starts the container). Runs owned by another machine, or
+whose owner cannot be checked (another PID namespace, no Docker engine), are left alone: a
+teammate's live run on a shared server is never ended.
 """
 
 from __future__ import annotations
@@ -86,7 +88,12 @@ def gone_because(tags: dict[str, str]) -> str | None:
         return None  # another PID namespace and no Docker engine: nothing can be proved here
     container = tags.get(CONTAINER_TAG)
     if container:
-        return _container_gone(container)
+        return _container_gone(container, tags)
+    return _process_gone(tags)
+
+
+def _process_gone(tags: dict[str, str]) -> str | None:
+    """Why the process the tags name on this host is gone; None if alive or not this host's."""
     if tags.get(HOST_TAG) != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
         return None
     pid = int(tags[PID_TAG])
@@ -120,10 +127,39 @@ def checkpoint_of(run_id: str, tags: dict[str, str]) -> Path | None:
     return checkpoint_file(Path(folder), run_id)
 
 
-def _container_gone(name: str) -> str | None:
+def _container_gone(name: str, tags: dict[str, str]) -> str | None:
+    """Why a container run's owner is gone. Only this host's engine is asked, and only about a
+    container this host launched: another host's engine has its own containers. A container
+    the engine does not have, or has created but not started, may be one the launcher is
+    about to start: gone only once the launcher is too (the run's owner tags still name it
+    until the training process in the container tags itself)."""
+    if tags.get(LAUNCHER_HOST_TAG) != socket.gethostname():
+        return None
+    state = _container_state(name)
+    if state in ("exited", "dead"):
+        return f"its container {name} has stopped"
+    if state not in ("missing", "created"):
+        return None  # running, paused, restarting, being removed; or the engine did not answer
+    if _launcher_alive(tags):
+        return None  # the container is still to start
+    if state == "created":
+        return f"its container {name} was never started"
+    return f"its container {name} is gone"
+
+
+def _launcher_alive(tags: dict[str, str]) -> bool:
+    """The owner tags still name a live process on this host: the launcher, before the
+    training process in its container has tagged itself."""
+    here = tags.get(HOST_TAG) == socket.gethostname() and tags.get(PID_TAG, "").isdigit()
+    return here and _process_gone(tags) is None
+
+
+def _container_state(name: str) -> str | None:
+    """The container's state on this host's engine (running, exited, created, ...), "missing"
+    if the engine has none of that name, None if no engine answered."""
     try:
         probe = subprocess.run(
-            ["docker", "container", "inspect", "--format", "{{.State.Running}}", name],
+            ["docker", "container", "inspect", "--format", "{{.State.Status}}", name],
             capture_output=True,
             text=True,
             timeout=20,
@@ -132,9 +168,9 @@ def _container_gone(name: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None  # no engine to ask: unknown
     if probe.returncode == 0:
-        return None if probe.stdout.strip() == "true" else f"its container {name} has stopped"
+        return probe.stdout.strip() or None
     if "no such" in probe.stderr.lower():
-        return f"its container {name} is gone"
+        return "missing"
     return None  # the engine did not answer: unknown
 
 
