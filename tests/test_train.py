@@ -424,6 +424,33 @@ def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store) 
     assert store.only_run().info.status == "FAILED"
 
 
+AGE_PROBE = """
+import os, sys, time
+began = time.monotonic()
+from reprotrain.timing import process_age_s
+time.sleep(0.2)
+ran, age = time.monotonic() - began, process_age_s()
+sys.stdout.write(f"{ran} {age}\\n")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_process_age_counts_from_the_process_start() -> None:
+    """`time/startup_s` and `time/total_s` are the process's age: at least what the process has
+    run by its own clock, at most the time since it was spawned (one clock tick allowed, the
+    kernel's unit for a start time). psutil's create_time() against the wall clock breaks the
+    upper bound by the fraction of a second it drops from the boot time."""
+    for _ in range(3):
+        spawned = time.monotonic()
+        out = subprocess.run(
+            [PYTHON, "-c", AGE_PROBE], env=child_env(), capture_output=True, text=True, check=True
+        ).stdout
+        waited = time.monotonic() - spawned
+        ran, age = map(float, out.split())
+        assert ran <= age <= waited + 1 / os.sysconf("SC_CLK_TCK"), (ran, age, waited)
+
+
 def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Store) -> None:
     """MLflow's import and opening, flushes, checkpoints and outputs stay out of the timing
     window: a 300-step and a 3000-step run of one config record samples/s within 10% of each

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from omegaconf import OmegaConf
 
@@ -30,7 +29,7 @@ from reprotrain.outputs import write_json, write_loss_csv, write_loss_plot, writ
 from reprotrain.provenance import count_parameters
 from reprotrain.schema import Config, as_dict
 from reprotrain.step import evaluate
-from reprotrain.timing import PHASES, training_flops_per_sample
+from reprotrain.timing import PHASES, process_age_s, training_flops_per_sample
 from reprotrain.tracking import redact
 
 MODEL_FORMAT = 2
@@ -93,7 +92,7 @@ def finish(
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     write_outputs(config, pieces, fitted, tracked, out_dir, info)  # waits for the model too
     result["outputs_s"] = time.perf_counter() - began
-    result["total_s"] = time.time() - psutil.Process().create_time()
+    result["total_s"] = process_age_s()
     tracked.log_metrics(summary_metrics(result), step=total)
     result.update(
         run_id=tracked.run_id,

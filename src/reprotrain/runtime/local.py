@@ -9,12 +9,10 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 
 from reprotrain import fastpaths
@@ -39,6 +37,7 @@ from reprotrain.runtime import distributed
 from reprotrain.schema import Config, as_dict, flatten
 from reprotrain.seeding import seed_everything
 from reprotrain.stopping import GracefulStop
+from reprotrain.timing import process_age_s
 from reprotrain.tracking import (
     NoRun,
     TrackingWorker,
@@ -146,7 +145,7 @@ def train_with(
     if finishing and status == "FINISHED":
         raise already_finished(config, resume_from, status)
     info = describe_device(device)
-    startup_s = time.time() - psutil.Process().create_time()  # process start to first step
+    startup_s = process_age_s()  # process start to first step
     tracker = (
         worker.open(
             config.tracking.experiment,
