@@ -425,8 +425,9 @@ def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store) 
 
 
 AGE_PROBE = """
-import os, sys, time
+import ctypes, os, sys, time
 began = time.monotonic()
+ctypes.CDLL(None).prctl(15, "tr\u00f6) x (y".encode(), 0, 0, 0)  # PR_SET_NAME: a comm to parse
 from reprotrain.timing import process_age_s
 time.sleep(0.2)
 ran, age = time.monotonic() - began, process_age_s()
@@ -440,7 +441,8 @@ def test_process_age_counts_from_the_process_start() -> None:
     """`time/startup_s` and `time/total_s` are the process's age: at least what the process has
     run by its own clock, at most the time since it was spawned (one clock tick allowed, the
     kernel's unit for a start time). psutil's create_time() against the wall clock breaks the
-    upper bound by the fraction of a second it drops from the boot time."""
+    upper bound by the fraction of a second it drops from the boot time. The probe names
+    itself with non-ASCII bytes, ")" and spaces, which /proc/self/stat shows as they are."""
     for _ in range(3):
         spawned = time.monotonic()
         out = subprocess.run(

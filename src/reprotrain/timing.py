@@ -32,8 +32,8 @@ def process_age_s() -> float:
     age comes out up to 1 s too long, by the same amount in every run on the machine. Elsewhere
     (macOS, where the kernel keeps the start time in microseconds) `create_time()`."""
     if sys.platform.startswith("linux"):
-        with open("/proc/self/stat", encoding="ascii") as stat:
-            fields = stat.read().rpartition(")")[2].split()  # after "pid (comm)": field 3 on
+        with open("/proc/self/stat", "rb") as stat:  # bytes: comm may be any bytes, ")" too
+            fields = stat.read().rpartition(b")")[2].split()  # after "pid (comm)": field 3 on
         started = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
         return time.clock_gettime(time.CLOCK_BOOTTIME) - started
     return time.time() - psutil.Process().create_time()
