@@ -41,6 +41,7 @@ COVERED = {
     "dvc queue start": "test_pipeline::test_queued_sweep_runs_each_point_into_the_project_store",
     "dvc exp show": "test_readme::test_exp_commands",
     "dvc exp show --only-changed": "test_readme::test_exp_commands",
+    "dvc exp show --drop '.*' --keep 'Experiment|val_accuracy|optimizer\\._target_|optimizer\\.lr$'": "test_readme::test_exp_commands",
     "dvc metrics diff": "test_readme::test_exp_commands",
     "dvc plots show": "test_pipeline::test_metrics_and_plots_show",
     "dvc dag": "test_pipeline::test_metrics_and_plots_show",
@@ -180,6 +181,14 @@ def test_exp_commands(tmp_path: Path) -> None:
     header = rows[0].split()
     for column in ("val_accuracy", "eval_accuracy", "samples_per_s", "run_id", "optimizer.lr"):
         assert column in header, (column, header)  # short names: no file prefix needed
+    # The columns one picks, in an 80-column terminal, each cell in full.
+    narrow = child_env(PATH=f"{BIN}:{os.environ['PATH']}", DVC_NO_ANALYTICS="1", COLUMNS="80")
+    keep = r"Experiment|val_accuracy|optimizer\._target_|optimizer\.lr$"
+    picked = sh(repo, "dvc", "exp", "show", "--drop", ".*", "--keep", keep, env=narrow).stdout
+    rows = [line for line in picked.splitlines() if line.strip() and "──" not in line]
+    assert rows[0].split() == ["Experiment", "val_accuracy", "optimizer._target_", "optimizer.lr"]
+    assert not any("…" in row for row in rows) and max(map(len, rows)) <= 80, picked
+    assert any("torch.optim.SGD" in row and "0.01" in row for row in rows), picked
     diff = sh(repo, "dvc", "metrics", "diff").stdout
     assert "results/metrics.json" in diff and "val_accuracy" in diff
 

@@ -3,6 +3,7 @@ signals and sqlite stores)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -10,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, Store, child_env, start_training, train, wait_for_losses
+from conftest import (
+    PYTHON,
+    Store,
+    child_env,
+    start_training,
+    train,
+    train_args,
+    wait_for_losses,
+)
 from teamserver import mlflow_server
 
 LONG = [
@@ -140,6 +149,90 @@ def test_reproduce_reruns_a_past_run_and_reports_a_match(tmp_path: Path, store: 
     new = [r for r in store.runs() if r.info.run_id != run_id]
     assert len(new) == 1 and new[0].data.tags["reproduces"] == run_id
     assert new[0].data.tags["reproduced.match"] == "true"
+
+
+def reproduce(cwd: Path, store: Store, run_id: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "reprotrain.reproduce", run_id, "--tracking-uri", store.uri],
+        cwd=cwd,
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_reproduce_uses_the_thread_count_auto_gave_the_recorded_run(
+    tmp_path: Path, store: Store
+) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs: the recorded run gets 1, the reproduction could use 2")
+    # The recorded run may use one CPU, so train.threads=auto gives it 1 thread; here auto
+    # would give 2, and 2 threads sum the smoke run's losses differently from step 4 on.
+    one_cpu = subprocess.run(
+        ["taskset", "-c", "0", *train_args(tmp_path, store.uri, "experiment=smoke", "device=cpu")],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert one_cpu.returncode == 0, one_cpu.stderr[-2000:]
+    recorded = store.only_run()
+    assert recorded.data.tags["device.threads"] == "1"
+    assert recorded.data.params["train.threads"] == "auto"
+    result = reproduce(tmp_path, store, recorded.info.run_id)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "losses match bit for bit (20 steps)" in result.stdout
+    (new,) = [r for r in store.runs() if r.info.run_id != recorded.info.run_id]
+    assert new.data.params["train.threads"] == "1" and new.data.tags["device.threads"] == "1"
+
+
+def test_reproduce_names_the_cpu_kernels_that_differ_and_the_fix(
+    tmp_path: Path, store: Store
+) -> None:
+    import torch
+
+    # DEFAULT, torch's kernels without vector instructions, runs on every x86 CPU.
+    train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "device=cpu",
+        env=child_env(ATEN_CPU_CAPABILITY="default"),
+    )
+    recorded = store.only_run()
+    assert recorded.data.tags["device.cpu_capability"] == "DEFAULT"
+    native = torch.backends.cpu.get_cpu_capability()
+    result = reproduce(tmp_path, store, recorded.info.run_id)
+    if native == "AVX512":  # its sums differ from step 2 (AVX2's may equal DEFAULT's)
+        assert result.returncode == 1, result.stdout
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith("reproduce: losses differ from step "), line
+        assert "device.cpu_capability ('DEFAULT' recorded, 'AVX512' now)" in line, line
+        assert "rerun with ATEN_CPU_CAPABILITY=default" in line, line
+        assert "Traceback" not in result.stderr
+    fixed = reproduce(tmp_path, store, recorded.info.run_id, ATEN_CPU_CAPABILITY="default")
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert "losses match bit for bit (20 steps)" in fixed.stdout
+
+
+def test_machine_differences_say_what_differs_and_skip_what_was_not_recorded() -> None:
+    from reprotrain.reproduce import machine_differences
+
+    amd = {"device.type": "cpu", "device.name": "AMD EPYC 7B13", "device.cpu_capability": "AVX2"}
+    amd |= {"device.threads": "2", "torch.version": "2.13.0+cpu", "cuda.version": "none"}
+    xeon = {**amd, "device.name": "Intel(R) Xeon(R) Processor", "device.cpu_capability": "AVX512"}
+    said = machine_differences(amd, xeon)
+    assert "device.name ('AMD EPYC 7B13' recorded, 'Intel(R) Xeon(R) Processor' now)" in said
+    assert "device.cpu_capability ('AVX2' recorded, 'AVX512' now)" in said
+    assert "ATEN_CPU_CAPABILITY=avx2" in said and "torch.version" not in said
+    assert machine_differences(amd, amd) == ""
+    older = {key: value for key, value in amd.items() if key != "device.cpu_capability"}
+    assert machine_differences(older, amd) == ""  # a run from before the tag: nothing to say
+    assert "torch.version ('2.12.0' recorded, '2.13.0+cpu' now)" in machine_differences(
+        {**amd, "torch.version": "2.12.0"}, amd
+    )
 
 
 def test_reproduce_unknown_run_is_a_clear_error(tmp_path: Path, store: Store) -> None:

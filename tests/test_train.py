@@ -66,6 +66,8 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
     ):
         assert tags.get(key), key
     assert tags["device.type"] == "cpu" and tags["runtime"] == "local"
+    assert tags["device.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert int(tags["device.threads"]) >= 1
     assert tags["model.class"] == "reprotrain.models.mlp.MLP"
     assert tags["optimizer.class"] == "torch.optim.adamw.AdamW"
     assert tags["loss.class"] == "torch.nn.modules.loss.CrossEntropyLoss"
@@ -390,6 +392,8 @@ def test_readme_mentions_every_mlflow_key() -> None:
         "time/data_to_device_ms",
         "throughput/samples_per_s",
         "device.name",
+        "device.cpu_capability",
+        "device.threads",
         "cuda.version",
         "git.dirty",
         "image.id",

@@ -3,6 +3,7 @@
     resolve_device("auto")    # cuda if a CUDA device is visible, else mps, else cpu
     resolve_device("cuda", 1) # cuda:1, or a DeviceError saying why not
     describe_device(device)   # type, name (GPU model or CPU model string), memory, versions
+                              # and, on the CPU, torch's kernel set (AVX512, AVX2) and threads
 
 An explicit request that cannot be met is an error, never a silent fallback: a run that
 asked for a GPU and quietly trained on the CPU would record misleading timings.
@@ -111,14 +112,26 @@ class DeviceInfo:
     memory_gb: float | None
     torch_version: str
     cuda_version: str
+    # On the CPU: the instruction set of the kernels torch picked for this processor (AVX512,
+    # AVX2, DEFAULT; ATEN_CPU_CAPABILITY lowers it). Kernels for different sets sum floats in a
+    # different order, so losses match bit for bit only between runs with the same one.
+    cpu_capability: str | None = None
+    # On the CPU: torch's intra-op threads (train.threads, `auto` resolved on this machine). A
+    # sum split among another number of threads is added up in another order.
+    threads: int | None = None
 
     def as_tags(self) -> dict[str, str]:
-        return {
+        tags = {
             "device.type": self.type,
             "device.name": self.name,
             "torch.version": self.torch_version,
             "cuda.version": self.cuda_version,
         }
+        if self.cpu_capability is not None:
+            tags["device.cpu_capability"] = self.cpu_capability
+        if self.threads is not None:
+            tags["device.threads"] = str(self.threads)
+        return tags
 
 
 def describe_device(device: torch.device) -> DeviceInfo:
@@ -135,6 +148,8 @@ def describe_device(device: torch.device) -> DeviceInfo:
         memory_gb=None if memory is None else round(memory, 1),
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda or "none",
+        cpu_capability=torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
+        threads=torch.get_num_threads() if device.type == "cpu" else None,
     )
 
 

@@ -5,9 +5,10 @@
 
 The new run is recorded too (tag `reproduces` = the old run id). The recorded config is
 read without resolvers that reach outside it (`${oc.env:...}`): a config.yaml that uses one
-is refused unless you pass --allow-resolvers. On CPU, with the same torch
-build and train.deterministic=true, the losses match bit for bit; the exit code is 0 when
-they do and 1 when they do not (the first differing step is printed).
+is refused unless you pass --allow-resolvers. With the same torch build, the same device
+(on the CPU: the same kernel set, tag device.cpu_capability) and train.deterministic=true, the
+losses match bit for bit; the exit code is 0 when they do and 1 when they do not (the first
+differing step is printed, with what differs between the two runs' machines and the fix).
 """
 
 from __future__ import annotations
@@ -88,6 +89,41 @@ def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix.rstrip("."), node)]
 
 
+# What decides a run's float results besides its config and data, as the run's tags record it.
+MACHINE_TAGS = (
+    "device.type",
+    "device.name",
+    "device.cpu_capability",
+    "device.threads",
+    "torch.version",
+    "cuda.version",
+)
+
+
+def machine_differences(recorded: dict[str, str], now: dict[str, str]) -> str:
+    """What differs between the machines of two runs, as their tags say, and how to compare
+    them anyway; '' where nothing both recorded differs (a run from before a tag existed
+    has nothing to compare for it)."""
+    changed = [
+        f"{tag} ({recorded[tag]!r} recorded, {now.get(tag, 'none')!r} now)"
+        for tag in MACHINE_TAGS
+        if tag in recorded and recorded[tag] != now.get(tag)
+    ]
+    if not changed:
+        return ""
+    text = (
+        f"the runs differ in {', '.join(changed)}: kernels for another device or build sum "
+        "floats in another order"
+    )
+    capability = recorded.get("device.cpu_capability")
+    if capability and capability != now.get("device.cpu_capability"):
+        text += (
+            f"; to compare here, rerun with ATEN_CPU_CAPABILITY={capability.lower()} "
+            "(it works where this CPU supports that set)"
+        )
+    return text
+
+
 def losses(client, run_id: str) -> list[float]:
     history = client.get_metric_history(run_id, "train/loss")
     return [m.value for m in sorted(history, key=lambda m: m.step)]
@@ -118,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         tree.train.output_dir = args.output_dir or f"outputs/reproduce/{args.run_id}"
         tree.train.resume = None
         tree.runtime.mode = "local"
+        if tree.train.threads == "auto" and old.data.tags.get("device.threads"):
+            tree.train.threads = int(old.data.tags["device.threads"])  # what auto was there
         config = validate(tree)
         data_file = config.data.get("file")
         if data_file:
@@ -150,7 +188,14 @@ def main(argv: list[str] | None = None) -> None:
         if first < min(len(before), len(after))
         else f"{len(before)} vs {len(after)} steps"
     )
-    print(f"reproduce: losses differ from {detail}; new run {result['run_id']}", file=sys.stderr)
+    why = machine_differences(old.data.tags, client.get_run(result["run_id"]).data.tags)
+    if not why and not config.train.deterministic:
+        why = "the run was recorded with train.deterministic=false, which promises no match"
+    print(
+        f"reproduce: losses differ from {detail}; {why + '; ' if why else ''}"
+        f"new run {result['run_id']}",
+        file=sys.stderr,
+    )
     raise SystemExit(1)
 
 
