@@ -42,16 +42,17 @@ SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempd
 
 
 def non_root_user() -> pwd.struct_passwd:
-    """A non-root user in the docker group, created for the test (needs root to create)."""
+    """A non-root user in the docker group, created for the test (needs root to create), who
+    can run this checkout's interpreter: checked every time, also for a user an earlier run
+    created, since the checkout may now sit in a folder only root can enter."""
     try:
-        return pwd.getpwnam(USER)
+        user = pwd.getpwnam(USER)
     except KeyError:
-        pass
-    if os.geteuid() != 0:
-        pytest.skip(f"creating the test user {USER!r} needs root")
-    subprocess.run(["useradd", "--create-home", "--uid", "1234", USER], check=True)
-    subprocess.run(["usermod", "-aG", "docker", USER], check=True)
-    user = pwd.getpwnam(USER)
+        if os.geteuid() != 0:
+            pytest.skip(f"creating the test user {USER!r} needs root")
+        subprocess.run(["useradd", "--create-home", "--uid", "1234", USER], check=True)
+        subprocess.run(["usermod", "-aG", "docker", USER], check=True)
+        user = pwd.getpwnam(USER)
     probe = subprocess.run(
         ["runuser", "-u", USER, "--", PYTHON, "-c", "import reprotrain"],
         capture_output=True,
@@ -60,7 +61,8 @@ def non_root_user() -> pwd.struct_passwd:
     if probe.returncode != 0:
         _capability_skip(
             f"user {USER!r} cannot run {PYTHON} ({probe.stderr.strip()[-200:]}); "
-            "make the interpreter's folders traversable (e.g. chmod o+x /root)"
+            "make the checkout's and the interpreter's folders traversable "
+            "(e.g. chmod o+x /root, or chmod 755 on the folder a mktemp -d made)"
         )
     return user
 
