@@ -470,8 +470,16 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
     compares samples/s per sample-rate of the median step, 300 against 3000 steps. Work of
     reprotrain's inside the window (what this test is for: MLflow's import once took a
     300-step run to 3,600 samples/s against a 40,000 median) lowers samples/s and not the
-    median, and fails it. Each figure is the median over 3 pairs of runs, the two of a pair
-    run one after the other: one descheduling of ~50 ms moves a 300-step run's means by 10%."""
+    median, and fails it. The throughput figure is the median over 3 pairs of runs, the two of
+    a pair run one after the other.
+
+    The phase share (phase means over the median step) is the least of the 3 runs of a length.
+    One descheduling of ~50 ms moves a 300-step run's means by 10% and not its median: another
+    process can only raise a run's share, never lower it, and on a busy CI machine it raised
+    two 300-step runs of three (1.14, 1.34, 1.07). Work of reprotrain's in the window raises
+    every run's share (the MLflow import once made it 2.1: 61 ms of means against a 29.7 ms
+    median), and phases that miss part of the step lower every run's, so the least run still
+    fails on either."""
     ratios = []
     raw = []
     phase_shares: dict[int, list[float]] = {300: [], 3000: []}
@@ -504,7 +512,7 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
         raw.append(recorded[300] / recorded[3000])
     for steps in (300, 3000):
         shares = phase_shares[steps]
-        assert statistics.median(shares) == pytest.approx(1.0, rel=0.10), (steps, shares, runs)
+        assert min(shares) == pytest.approx(1.0, rel=0.10), (steps, shares, runs)
         assert statistics.median(checkpoint_shares[steps]) <= 0.01, (steps, runs)
     assert statistics.median(ratios) == pytest.approx(1.0, rel=0.10), (ratios, raw, runs)
 
