@@ -460,8 +460,8 @@ def test_process_age_counts_from_the_process_start() -> None:
 def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Store) -> None:
     """MLflow's import and opening, flushes, checkpoints and outputs stay out of the timing
     window: a 300-step and a 3000-step run of one config record samples/s within 10% of each
-    other, each length's phase means add up to its median step within 10%, and checkpoints
-    take at most 1% of the training time.
+    other, each length's phase means add up to the step that its samples/s gives within 10%,
+    and checkpoints take at most 1% of the training time.
 
     The machine's own speed is divided out. A shared 2-core VM runs the same config 15-20%
     faster or slower from one run to the next, 300 or 3000 steps alike (two 300-step runs a
@@ -473,13 +473,14 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
     median, and fails it. The throughput figure is the median over 3 pairs of runs, the two of
     a pair run one after the other.
 
-    The phase share (phase means over the median step) is the least of the 3 runs of a length.
-    One descheduling of ~50 ms moves a 300-step run's means by 10% and not its median: another
-    process can only raise a run's share, never lower it, and on a busy CI machine it raised
-    two 300-step runs of three (1.14, 1.34, 1.07). Work of reprotrain's in the window raises
-    every run's share (the MLflow import once made it 2.1: 61 ms of means against a 29.7 ms
-    median), and phases that miss part of the step lower every run's, so the least run still
-    fails on either."""
+    The phase share is the phase means over the mean training step that samples/s gives
+    (batch over samples/s), the median of the 3 runs of a length. Both are means over the
+    same steps, so a slow stretch of the machine moves both alike; the share falls short of 1
+    by what the loop does between the timed phases (fetching the next batch, the clock's own
+    marks: 0.95-0.97 by hand on 2026-12-06). Work in the window outside the phases, or phases
+    that miss part of the step, lower it. The median step is not the yardstick here: this VM
+    also switches speed within a run, and a 3000-step run's phase means came to 0.87 of its
+    median step in CI on 2026-12-06 (1.04 and 1.02 for the other two)."""
     ratios = []
     raw = []
     phase_shares: dict[int, list[float]] = {300: [], 3000: []}
@@ -502,7 +503,8 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
             metrics = json.loads((out / "run.json").read_text())
             runs.append(metrics)
             phases = sum(metrics[f"{phase}_ms_mean"] for phase in PHASES)
-            phase_shares[steps].append(phases / metrics["step_ms_median"])
+            step_ms = metrics["batch_size"] * 1e3 / metrics["samples_per_s"]
+            phase_shares[steps].append(phases / step_ms)
             training_s = metrics["steps"] * metrics["batch_size"] / metrics["samples_per_s"]
             checkpoint_shares[steps].append(metrics["checkpoint_s"] / training_s)
             median_rate = metrics["batch_size"] / (metrics["step_ms_median"] / 1e3)
@@ -512,7 +514,7 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
         raw.append(recorded[300] / recorded[3000])
     for steps in (300, 3000):
         shares = phase_shares[steps]
-        assert min(shares) == pytest.approx(1.0, rel=0.10), (steps, shares, runs)
+        assert statistics.median(shares) == pytest.approx(1.0, rel=0.10), (steps, shares, runs)
         assert statistics.median(checkpoint_shares[steps]) <= 0.01, (steps, runs)
     assert statistics.median(ratios) == pytest.approx(1.0, rel=0.10), (ratios, raw, runs)
 
