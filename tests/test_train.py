@@ -505,7 +505,7 @@ def test_recorded_timings_do_not_depend_on_run_length(tmp_path: Path, store: Sto
             phases = sum(metrics[f"{phase}_ms_mean"] for phase in PHASES)
             step_ms = metrics["batch_size"] * 1e3 / metrics["samples_per_s"]
             phase_shares[steps].append(phases / step_ms)
-            training_s = metrics["steps"] * metrics["batch_size"] / metrics["samples_per_s"]
+            training_s = metrics["steps"] * step_ms / 1e3
             checkpoint_shares[steps].append(metrics["checkpoint_s"] / training_s)
             median_rate = metrics["batch_size"] / (metrics["step_ms_median"] / 1e3)
             efficiency[steps] = metrics["samples_per_s"] / median_rate
