@@ -135,6 +135,40 @@ def test_sigkill_of_the_training_process_alone_is_ended_by_its_worker(tmp_path: 
     assert steps_recorded(store, run_id) == list(range(1, 1501))
 
 
+# A training process that opens its run and dies at once: the worker, still busy opening the
+# run and warming up the export, answers "opened" into a pipe nobody reads any more.
+DIES_OPENING = """
+import os, signal, sys
+from reprotrain.tracking.worker import TrackingWorker
+worker = TrackingWorker().prepare(sys.argv[1])
+worker.open("reprotrain", "dies-opening", {}, {})
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_sigkill_while_the_worker_opens_the_run_is_ended_by_the_worker(tmp_path: Path) -> None:
+    """kill -9 of the training process while its worker is still opening the run: the
+    worker's answer finds the pipe closed (BrokenPipeError), and the worker ends the run
+    KILLED, saying why, instead of dying with a traceback and leaving it RUNNING."""
+    store = ready_store(tmp_path)
+    child = subprocess.Popen(
+        [PYTHON, "-c", DIES_OPENING, store.uri],
+        cwd=tmp_path,
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, said = child.communicate(timeout=300)  # the worker writes to it too: it has exited
+    assert child.returncode == -signal.SIGKILL, said
+    assert "Traceback" not in said, said
+    run = store.only_run()
+    assert run.info.status == "KILLED", said
+    assert run.data.tags["error"] == (
+        f"the training process (pid {child.pid}) ended without ending its run "
+        "(killed, or out of memory)"
+    )
+
+
 def test_sigkill_before_the_first_checkpoint_says_to_start_again(tmp_path: Path) -> None:
     """Killed before its first checkpoint, a run has nothing to continue from: its worker
     ends it KILLED and says to start it again, not to resume it (which would fail: no

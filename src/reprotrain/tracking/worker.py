@@ -63,7 +63,7 @@ WORKER = (
     "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
     "import sys; "
     "from reprotrain.tracking.worker import serve; "
-    "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == 'model')"
+    "serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == 'model')"
 )
 HEADER = struct.Struct("!Q")  # a message's length in bytes, before its pickle
 # The worker's exit status when the training process stopped it while it worked ahead (it
@@ -139,6 +139,7 @@ class TrackingWorker:
                 WORKER,
                 str(to_worker_read),
                 str(from_worker_write),
+                str(os.getpid()),  # the parent's, even if it dies before the worker starts
                 "model" if model_likely else "none",
             ],
             pass_fds=(to_worker_read, from_worker_write),
@@ -482,15 +483,14 @@ class WorkerRun:
             )
 
 
-def serve(read_fd: int, write_fd: int, model_likely: bool = True) -> None:
-    """The worker's side: answer the training process until it ends the run or is gone. While
-    nothing is asked of it, it does ahead what the run will need (Ahead)."""
+def serve(read_fd: int, write_fd: int, parent: int, model_likely: bool = True) -> None:
+    """The worker's side: answer the training process (pid `parent`) until it ends the run or
+    is gone. While nothing is asked of it, it does ahead what the run will need (Ahead)."""
     channel = Channel(read_fd, write_fd)
     ahead = Ahead(model_likely)
     signal.signal(signal.SIGUSR1, ahead.dismiss)
     with long_lived():  # MLflow, SQLAlchemy, ...: kept for the worker's life (heap.py)
         import_mlflow()
-    parent = os.getppid()
     run: TrackedRun | None = None
     status = 0
     while True:
@@ -522,9 +522,15 @@ def serve(read_fd: int, write_fd: int, model_likely: bool = True) -> None:
         elif kind == "call":
             _, name, args, kwargs = message
             try:
-                channel.send(("ok", answer(run, name, args, kwargs)))  # type: ignore[arg-type]
+                reply = ("ok", answer(run, name, args, kwargs))  # type: ignore[arg-type]
             except Exception as error:
-                channel.send(("error", portable(error)))
+                reply = ("error", portable(error))
+            try:
+                channel.send(reply)
+            except OSError:  # BrokenPipeError: the training process died before the answer
+                if run is not None and (name != "close" or reply[0] == "error"):
+                    end_abandoned(run, parent)
+                break
             if name == "close":
                 break
     sys.stdout.flush()
