@@ -27,7 +27,7 @@ from reprotrain.bench.fastpath import SWITCHES
 from reprotrain.bench.measure import FLOPS_RATIO, RATIOS, VARIANTS
 from reprotrain.bench.reference import bench_config, bench_dataset, reference_batches
 from reprotrain.bench.report import TARGETS
-from reprotrain.bench.startup import timed_process
+from reprotrain.bench.startup import WHOLE_PHASES, timed_process
 from reprotrain.bench.variants import (
     course_loop,
     lightning_batches,
@@ -184,6 +184,18 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
     assert re.search(
         r"reprotrain / lesson wall time: \d+\.\d\d .*target <= 0\.8: (met|missed)", stdout
     )
+    # Where each reprotrain row's wall time went, from its run.json: every part a real span
+    # (the run's own clocks claim no more than the wall time measured around the process),
+    # and for the one round, the parts are that round's wall time.
+    assert set(whole["phases_s"]) == {"reprotrain", untracked}
+    for name, split in whole["phases_s"].items():
+        assert set(split) == set(WHOLE_PHASES)
+        assert all(len(seconds) == 1 and seconds[0] >= 0 for seconds in split.values()), split
+        assert positive(split["startup"][0]) and positive(split["loop"][0])
+        total = sum(seconds[0] for seconds in split.values())
+        assert total == pytest.approx(whole["wall_s"][name][0])
+    assert re.search(r"where reprotrain's wall time went", stdout)
+    assert re.search(r"reprotrain tracking\.enabled=false(  +\d+\.\d\d){5}$", stdout, re.M)
     (scaled,) = report["scaling"]  # 1 and 2 gloo processes under torchrun, batch 64 each
     assert scaled["device"] == "cpu" and scaled["processes"] == 2
     one, two = scaled["samples_per_s"]["1"], scaled["samples_per_s"]["2"]
@@ -450,6 +462,42 @@ def test_tracking_overhead_script_prints_the_cost_of_each_cadence(tmp_path: Path
         r"train/loss every +(\d+) step\(s\): costs -?\d+\.\d% of training time", result.stdout
     )
     assert costs == ["1", "5"], result.stdout  # one figure per cadence asked for
+
+
+def test_worker_start_script_times_each_link_against_the_training_start_up(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        [PYTHON, str(ROOT / "benchmarks" / "worker_start.py"), "--rounds", "1"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    links = re.findall(r"^  (.+?) +(\d+\.\d\d) +(\d+\.\d\d)$", result.stdout, re.M)
+    assert [name for name, _, _ in links] == [
+        "import reprotrain's tracking modules",
+        "import MLflow",
+        "open the store",
+        "import torch",
+        "import mlflow.pytorch",
+        "first export (torch.export, MLflow's requirements check)",
+    ], result.stdout
+    running = 0.0
+    for _, seconds, total in links:  # each a real span; the last column adds them up
+        assert float(seconds) >= 0
+        running += float(seconds)
+        assert float(total) == pytest.approx(running, abs=0.02)
+    # The links that do work (imports of big packages, an export) take time of their own.
+    assert all(float(seconds) > 0 for name, seconds, _ in links if "MLflow" in name), links
+    ready = float(re.search(r"worker ready after: (\d+\.\d\d) s", result.stdout)[1])
+    startup = float(re.search(r"start-up alone .*: (\d+\.\d\d) s", result.stdout)[1])
+    left = float(re.search(r"left over .*: (\d+\.\d\d) s", result.stdout)[1])
+    assert ready == pytest.approx(running, abs=0.02) and startup > 0
+    assert left == pytest.approx(max(ready - startup, 0.0), abs=0.02)
+    assert list((tmp_path).iterdir()) == []  # its store and scratch folders are removed
 
 
 def test_crossover_preset_runs_as_a_multirun_under_one_parent(tmp_path: Path, store: Store) -> None:

@@ -51,6 +51,7 @@ COVERED = {
     "python -m reprotrain.bench --quick": "test_bench",
     "python -m reprotrain.bench": "test_bench (quick mode in CI; full mode by hand)",
     "python benchmarks/tracking_overhead.py": "test_bench (--quick)",
+    "python benchmarks/worker_start.py": "test_bench::test_worker_start_script_times_each_link_against_the_training_start_up",
     "python -m reprotrain.bench --quick --whole-with tracking.enabled=false": "test_bench::test_quick_bench_measures_every_variant_and_records_the_run",
     "scripts/build-base-image.sh": ".ci/run",
     'export REPROTRAIN_BASE_IMAGE=reprotrain-base:bookworm REPROTRAIN_BUILD_FLAGS="--network host"': ".ci/run",

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from reprotrain.bench.measure import FLOPS_RATIO, RATIOS, VARIANTS
-from reprotrain.bench.startup import WHOLE_TARGET
+from reprotrain.bench.startup import WHOLE_PHASES, WHOLE_TARGET
 from reprotrain.tracking import TrackedRun
 
 
@@ -221,6 +221,17 @@ def _fixed_costs(report: dict[str, Any]) -> list[str]:
             f"least wall time that work could take is {cpu['reprotrain'] / cores:.2f} s, "
             f"{cpu['reprotrain'] / cores / whole['median_s']['lesson']:.2f}x the lesson's"
         )
+        out.append(
+            "where reprotrain's wall time went (median s; start-up: process start to first "
+            "step; wait: for the tracking worker's run and warm-up; finish: evaluation, "
+            "outputs and the MLflow Model; after: ending the run, exit):"
+        )
+        headers = ["process", "start-up", "wait", "loop", "finish", "after"]
+        rows = [
+            [name, *(f"{split[phase]:.2f}" for phase in WHOLE_PHASES)]
+            for name, split in whole["median_phases_s"].items()
+        ]
+        out.append(_table(headers, rows))
     elif whole:
         out.append(f"whole process: {whole.get('error') or whole.get('skipped')}")
     for entry in report.get("scaling", []):
@@ -301,6 +312,8 @@ def metrics_of(report: dict[str, Any]) -> dict[str, float]:
             metrics[f"whole/{slug}_peak_rss_mb"] = whole["peak_rss_mb"][name]
             metrics[f"whole/{slug}_cpu_s"] = whole["median_cpu_s"][name]
             metrics[f"whole/{slug}_ratio"] = whole["row_ratios"][name]
+            for phase, seconds in whole["median_phases_s"].get(name, {}).items():
+                metrics[f"whole/{slug}_{phase}_s"] = seconds
     metrics["peak_rss_mb"] = report["peak_rss_mb"]
     # Labels, flags and figures that could not be measured (null) are not metrics.
     return {

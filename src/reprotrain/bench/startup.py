@@ -106,14 +106,23 @@ def whole_process(
     walls: dict[str, list[float]] = {name: [] for name in commands}
     rss: dict[str, list[float]] = {name: [] for name in commands}
     cpus: dict[str, list[float]] = {name: [] for name in commands}
+    phases: dict[str, dict[str, list[float]]] = {
+        name: {phase: [] for phase in WHOLE_PHASES} for name in commands if name != "lesson"
+    }
+    run_json = workdir / "whole" / "run.json"
     for _ in range(pairs):
         for name, command in commands.items():
+            run_json.unlink(missing_ok=True)  # each reprotrain row reads its own run's
             timed = timed_process(command, workdir, env)
             if timed.failed:
                 return {"error": f"{name} {timed.failed}"}
             walls[name].append(timed.wall_s)
             rss[name].append(timed.peak_rss_mb)
             cpus[name].append(timed.cpu_s)
+            if name in phases:
+                split = where_the_time_went(json.loads(run_json.read_text()), timed.wall_s)
+                for phase, seconds in split.items():
+                    phases[name][phase].append(seconds)
     # Each row's wall time as a share of the lesson's in the same round.
     per_round = {
         name: [r / s for r, s in zip(wall, walls["lesson"], strict=True)]
@@ -138,6 +147,34 @@ def whole_process(
         "cpu_s": cpus,
         "median_cpu_s": {name: statistics.median(c) for name, c in cpus.items()},
         "cores": cores,
+        "phases_s": phases,
+        "median_phases_s": {
+            name: {phase: statistics.median(v) for phase, v in split.items()}
+            for name, split in phases.items()
+        },
+    }
+
+
+# Where a reprotrain process's wall time goes, in order (where_the_time_went).
+WHOLE_PHASES = ("startup", "tracking_wait", "loop", "finish", "after")
+
+
+def where_the_time_went(run: dict[str, Any], wall_s: float) -> dict[str, float]:
+    """Split one `python -m reprotrain.train` process's wall time by what its run.json says:
+    start-up (process start to first step), the loop's wait for the tracking worker (its
+    MLflow run open and warmed up), the loop (every step, checkpoints, sending points), the
+    finish (evaluation, outputs, and waiting for the MLflow Model), and what comes after
+    total_s is taken (the last metrics, run.json, ending the run, the exit). The first four
+    are the run's own clocks, counted from the kernel's start of the process; the last is the
+    rest of the wall time this bench measured around the process, so a run whose clocks
+    claimed more than that would show a negative `after`."""
+    startup, wait, finish = run["startup_s"], run["tracking_wait_s"], run["outputs_s"]
+    return {
+        "startup": startup,
+        "tracking_wait": wait,
+        "loop": run["total_s"] - startup - wait - finish,
+        "finish": finish,
+        "after": wall_s - run["total_s"],
     }
 
 
