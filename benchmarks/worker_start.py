@@ -105,6 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per figure")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1 round is needed; try --rounds 3")
     with tempfile.TemporaryDirectory(prefix="reprotrain-worker-start-") as folder:
         workdir = Path(folder)
         uri = f"sqlite:///{workdir / 'mlflow.db'}"

@@ -498,6 +498,18 @@ def test_worker_start_script_times_each_link_against_the_training_start_up(
     assert ready == pytest.approx(running, abs=0.02) and startup > 0
     assert left == pytest.approx(max(ready - startup, 0.0), abs=0.02)
     assert list((tmp_path).iterdir()) == []  # its store and scratch folders are removed
+    none = subprocess.run(
+        [PYTHON, str(ROOT / "benchmarks" / "worker_start.py"), "--rounds", "0"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert none.returncode == 2 and "Traceback" not in none.stderr
+    assert none.stderr.splitlines()[-1].endswith(
+        "--rounds 0: at least 1 round is needed; try --rounds 3"
+    )
 
 
 def test_crossover_preset_runs_as_a_multirun_under_one_parent(tmp_path: Path, store: Store) -> None:
