@@ -464,17 +464,22 @@ def test_tracking_overhead_script_prints_the_cost_of_each_cadence(tmp_path: Path
     assert costs == ["1", "5"], result.stdout  # one figure per cadence asked for
 
 
-def test_worker_start_script_times_each_link_against_the_training_start_up(
-    tmp_path: Path,
-) -> None:
-    result = subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "worker_start.py"), "--rounds", "1"],
-        cwd=tmp_path,
+def worker_start(cwd: Path, rounds: int, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/worker_start.py --rounds ROUNDS`, run in `cwd`."""
+    return subprocess.run(
+        [PYTHON, str(ROOT / "benchmarks" / "worker_start.py"), "--rounds", str(rounds)],
+        cwd=cwd,
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
+
+
+def test_worker_start_script_times_each_link_against_the_training_start_up(
+    tmp_path: Path,
+) -> None:
+    result = worker_start(tmp_path, rounds=1, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     links = re.findall(r"^  (.+?) +(\d+\.\d\d) +(\d+\.\d\d)$", result.stdout, re.M)
     assert [name for name, _, _ in links] == [
@@ -498,14 +503,7 @@ def test_worker_start_script_times_each_link_against_the_training_start_up(
     assert ready == pytest.approx(running, abs=0.02) and startup > 0
     assert left == pytest.approx(max(ready - startup, 0.0), abs=0.02)
     assert list((tmp_path).iterdir()) == []  # its store and scratch folders are removed
-    none = subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "worker_start.py"), "--rounds", "0"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    none = worker_start(tmp_path, rounds=0, timeout=60)
     assert none.returncode == 2 and "Traceback" not in none.stderr
     assert none.stderr.splitlines()[-1].endswith(
         "--rounds 0: at least 1 round is needed; try --rounds 3"
