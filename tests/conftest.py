@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -71,6 +75,25 @@ class Store:
         return [r.info.status for r in self.runs()]
 
 
+# Module-scoped fixtures worth building once (a dvc repro in a container, servers, a trained
+# project): under pytest-xdist (-n, --dist loadgroup) the tests that use one run in one worker.
+SHARED_FIXTURES = {
+    "docker_project": "docker-project",
+    "team": "team-server",
+    "s3": "s3-remote",
+    "trained": "s3-remote",
+    "one_process": "torchrun-reference",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = getattr(item, "fixturenames", ())
+        for group in sorted({SHARED_FIXTURES[name] for name in used if name in SHARED_FIXTURES}):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def environment_restored() -> Iterator[None]:
     """What a test (or a library it calls in-process) sets in os.environ ends with the test."""
@@ -116,8 +139,25 @@ def run_app(
     )
 
 
+# What a training child gets unless the test names the key itself: no MLflow Model (its export
+# takes seconds a run; the tests about the model ask for it) and one torch thread (the suite
+# runs one test per core, side by side).
+CHILD_DEFAULTS = {"tracking.log_model": "false", "train.threads": "1"}
+
+
+def override_key(override: str) -> str:
+    """The config key an override names: `+a.b=1`, `~a.b` and `a.b=1` all name `a.b`."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def with_child_defaults(overrides: tuple[str, ...] | list[str]) -> list[str]:
+    named = {override_key(o) for o in overrides}
+    return [*overrides, *(f"{k}={v}" for k, v in CHILD_DEFAULTS.items() if k not in named)]
+
+
 def train_args(tmp_path: Path, uri: str, *overrides: str) -> list[str]:
-    """`python -m reprotrain.train` here, on `uri`, writing under tmp_path/results."""
+    """`python -m reprotrain.train` here, on `uri`, writing under tmp_path/results, with the
+    child defaults above."""
     return [
         PYTHON,
         "-m",
@@ -125,7 +165,7 @@ def train_args(tmp_path: Path, uri: str, *overrides: str) -> list[str]:
         "runtime=local",
         f"tracking.uri={uri}",
         f"train.output_dir={tmp_path / 'results'}",
-        *overrides,
+        *with_child_defaults(overrides),
     ]
 
 
@@ -253,12 +293,21 @@ def compose_params(repo: Path, *overrides: str) -> None:
     sh(repo, PYTHON, "-c", code, str(repo / "conf"), *overrides)
 
 
-def make_project(dest: Path, runtime: str) -> Path:
-    """A git repository copied from the project, set up for smoke-sized runs on `runtime`."""
+def make_project(dest: Path, runtime: str, *, child_defaults: bool = True) -> Path:
+    """A git repository copied from the project, set up for smoke-sized runs on `runtime`;
+    with `child_defaults`, the copy's smoke preset also sets CHILD_DEFAULTS (no MLflow Model,
+    one thread), so that `dvc repro` and `dvc exp run` get them too."""
     repo = copy_project(dest)
     config = repo / "conf" / "config.yaml"
     text = config.read_text().replace("  - runtime: auto", f"  - runtime: {runtime}")
     config.write_text(text.replace("  - experiment: null", "  - experiment: smoke"))
+    if child_defaults:
+        preset = repo / "conf" / "experiment" / "smoke.yaml"
+        values = yaml.safe_load(preset.read_text())
+        for key, value in CHILD_DEFAULTS.items():
+            section, name = key.split(".")
+            values.setdefault(section, {})[name] = yaml.safe_load(value)
+        preset.write_text("# @package _global_\n" + yaml.safe_dump(values, sort_keys=False))
     compose_params(repo)
     sh(repo, "git", "init", "-q")
     sh(repo, "git", "config", "user.name", "reprotrain-test")
@@ -266,3 +315,90 @@ def make_project(dest: Path, runtime: str) -> Path:
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "project copy")
     return repo
+
+
+@dataclass
+class Exited:
+    """How `python -m reprotrain.train` ended when this test's process ran its main()."""
+
+    returncode: int
+    stderr: str
+
+
+@pytest.fixture
+def app_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> Iterator[Callable[..., Exited]]:
+    """The training script's main() (the one `python -m reprotrain.train` runs), called in
+    this process in tmp_path with the child defaults: for what a process shows before its
+    first step (one-line errors), without an interpreter start-up per case. What the app
+    sets for the rest of a process (torch threads and determinism, signal handlers, Hydra's
+    global state and logging, sys.path, a user package imported from tmp_path) is put back
+    afterwards."""
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+
+    from reprotrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    saved = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)],
+        list(sys.path),
+        logging.root.level,
+        list(logging.root.handlers),
+    )
+
+    def run(*args: str, defaults: bool = True) -> Exited:
+        argv = with_child_defaults(args) if defaults else list(args)
+        monkeypatch.setattr(sys, "argv", ["reprotrain.train", *argv])
+        sys.path.insert(0, str(tmp_path))  # what `python -m` does with the working directory
+        capfd.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        finally:
+            GlobalHydra.instance().clear()
+        return Exited(code, capfd.readouterr().err)
+
+    yield run
+    threads, deterministic, handlers, path, level, root_handlers = saved
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+    for signum, handler in zip((signal.SIGINT, signal.SIGTERM), handlers, strict=True):
+        signal.signal(signum, handler)
+    sys.path[:] = path
+    for name, module in list(sys.modules.items()):  # a user package of this test's folder
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+    for handler in logging.root.handlers[:]:
+        if handler not in root_handlers:
+            logging.root.removeHandler(handler)
+            handler.close()
+    logging.root.setLevel(level)
+
+
+@dataclass
+class Reproduced:
+    """A project copy (make_project, runtime=local) after its first `dvc repro`."""
+
+    repo: Path
+    repro: subprocess.CompletedProcess  # what that `dvc repro` printed
+
+    def copy(self, dest: Path) -> Path:
+        """The same project, pipeline state and DVC cache, for a test that changes it; without
+        the MLflow store (a store's artifact paths name the folder that wrote it)."""
+        shutil.copytree(
+            self.repo, dest, symlinks=True, ignore=shutil.ignore_patterns("mlflow.db", "mlruns")
+        )
+        return dest
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory: pytest.TempPathFactory) -> Reproduced:
+    """One `dvc repro` shared by the tests that only read its result (others copy it)."""
+    repo = make_project(tmp_path_factory.mktemp("reproduced") / "project", runtime="local")
+    return Reproduced(repo, sh(repo, "dvc", "repro"))

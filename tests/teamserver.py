@@ -3,12 +3,14 @@
     Postgres    a throwaway PostgreSQL cluster (Debian's `postgresql` package: initdb, pg_ctl)
     S3          moto in server mode: an S3-compatible endpoint, with IAM checking keys
     TeamServer  `mlflow server`: PostgreSQL backend store, artifacts in S3, served through it
+    Gate        a TCP forwarder in front of a server: a network outage, and back, at will
 
 Each runs in its own process group and is stopped with its folder removed afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -17,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -55,6 +58,72 @@ def stop_group(proc: subprocess.Popen | None) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+class Gate:
+    """A TCP forwarder on 127.0.0.1 in front of a running server. Closed, it is an outage as a
+    client sees a crashed server: new connections are refused and open ones cut. Opened again,
+    the server answers at once, with nothing restarted, so a test controls exactly when the
+    outage begins and ends."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            cut, self._open = self._open, set()
+        for sock in cut:
+            self._drop(sock)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                self._drop(client)
+                continue
+            with self._lock:
+                self._open |= {client, upstream}
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            self._drop(sock)
+            with self._lock:
+                self._open.discard(sock)
+
+    @staticmethod
+    def _drop(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
 
 
 def mlflow_server(

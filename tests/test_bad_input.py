@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, Store, child_env, run_app, train
+from conftest import Exited, Store, child_env, run_app, train
 
 CASES = {
     # overrides: a substring the one-line message must contain
@@ -101,14 +101,44 @@ def assert_clean_failure(result: subprocess.CompletedProcess, expected: str, sto
         assert "RUNNING" not in store.statuses()
 
 
-@pytest.mark.parametrize("overrides,expected", CASES.values(), ids=CASES.keys())
-def test_bad_input_is_one_clear_line(tmp_path: Path, store: Store, overrides, expected) -> None:
-    result = train(tmp_path, store, "experiment=smoke", *overrides, check=False, timeout=120)
-    assert_clean_failure(result, expected, store)
+def assert_nothing_written(tmp_path: Path) -> None:
     results = tmp_path / "results"
     assert not results.exists() or not any(results.rglob("*"))  # nothing written
     checkpoints = tmp_path / "outputs" / "checkpoints"  # train.checkpoint_dir
     assert not checkpoints.exists() or not any(checkpoints.iterdir())
+
+
+def smoke_here(app_in_process, tmp_path: Path, store: Store, *overrides: str) -> Exited:
+    """The training script's main() on the smoke preset, in this process (conftest)."""
+    return app_in_process(
+        "runtime=local",
+        f"tracking.uri={store.uri}",
+        f"train.output_dir={tmp_path / 'results'}",
+        "experiment=smoke",
+        *overrides,
+    )
+
+
+@pytest.mark.parametrize("overrides,expected", CASES.values(), ids=CASES.keys())
+def test_bad_input_is_one_clear_line(
+    tmp_path: Path, store: Store, app_in_process, overrides, expected
+) -> None:
+    result = smoke_here(app_in_process, tmp_path, store, *overrides)
+    assert_clean_failure(result, expected, store)
+    assert_nothing_written(tmp_path)
+
+
+# One case of each stage that can refuse, through a real process: what the exit code, the
+# absence of a traceback and the store show only from outside (the rest run in-process above).
+CHILD_CASES = ("negative lr", "unknown optimizer", "features mismatch", "missing data file")
+
+
+@pytest.mark.parametrize("case", CHILD_CASES)
+def test_bad_input_ends_the_process_with_one_line(tmp_path: Path, store: Store, case) -> None:
+    overrides, expected = CASES[case]
+    result = train(tmp_path, store, "experiment=smoke", *overrides, check=False, timeout=120)
+    assert_clean_failure(result, expected, store)
+    assert_nothing_written(tmp_path)
 
 
 def test_unreachable_server_is_reported_within_ten_seconds(tmp_path: Path, store: Store) -> None:
@@ -148,21 +178,18 @@ ENVIRONMENT_CASES = {
     "overrides,environment,expected", ENVIRONMENT_CASES.values(), ids=ENVIRONMENT_CASES.keys()
 )
 def test_environment_lacking_something_is_one_clear_line(
-    tmp_path: Path, store: Store, overrides, environment, expected
+    tmp_path: Path, store: Store, app_in_process, monkeypatch, overrides, environment, expected
 ) -> None:
-    result = train(
-        tmp_path,
-        store,
-        "experiment=smoke",
-        *overrides,
-        check=False,
-        env=child_env(**environment),
-    )
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    result = smoke_here(app_in_process, tmp_path, store, *overrides)
     assert_clean_failure(result, expected, store)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "nan", "wrong_shape", "labels"])
-def test_broken_data_file_is_a_clear_error(tmp_path: Path, store: Store, damage: str) -> None:
+def test_broken_data_file_is_a_clear_error(
+    tmp_path: Path, store: Store, app_in_process, damage: str
+) -> None:
     path = tmp_path / "data.npz"
     rng = np.random.default_rng(0)
     arrays = {
@@ -181,7 +208,7 @@ def test_broken_data_file_is_a_clear_error(tmp_path: Path, store: Store, damage:
     np.savez(path, **arrays)
     if damage == "truncated":
         path.write_bytes(path.read_bytes()[:5000])
-    result = train(tmp_path, store, "experiment=smoke", f"data.file={path}", check=False)
+    result = smoke_here(app_in_process, tmp_path, store, f"data.file={path}")
     expected = {
         "truncated": "corrupt or truncated",
         "nan": "NaN",
@@ -191,22 +218,12 @@ def test_broken_data_file_is_a_clear_error(tmp_path: Path, store: Store, damage:
     assert_clean_failure(result, expected, store)
 
 
-def test_unwritable_output_folder(tmp_path: Path, store: Store) -> None:
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            "runtime=local",
-            "experiment=smoke",
-            f"tracking.uri={store.uri}",
-            "train.output_dir=/proc/reprotrain-results",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_unwritable_output_folder(tmp_path: Path, store: Store, app_in_process) -> None:
+    result = app_in_process(
+        "runtime=local",
+        "experiment=smoke",
+        f"tracking.uri={store.uri}",
+        "train.output_dir=/proc/reprotrain-results",
     )
     assert_clean_failure(
         result, "train.output_dir='/proc/reprotrain-results' cannot be written", store
@@ -214,14 +231,13 @@ def test_unwritable_output_folder(tmp_path: Path, store: Store) -> None:
     assert not store.path.exists() or store.runs() == []  # checked before any run is created
 
 
-def test_unwritable_checkpoint_folder(tmp_path: Path, store: Store) -> None:
-    result = train(
+def test_unwritable_checkpoint_folder(tmp_path: Path, store: Store, app_in_process) -> None:
+    result = smoke_here(
+        app_in_process,
         tmp_path,
         store,
-        "experiment=smoke",
         "train.checkpoint_every=10",
         "train.checkpoint_dir=/proc/reprotrain-checkpoints",
-        check=False,
     )
     assert_clean_failure(
         result, "train.checkpoint_dir='/proc/reprotrain-checkpoints' cannot be written", store

@@ -66,6 +66,7 @@ def test_user_model_and_data_from_the_project_folder_load_back_through_mlflow(
         "train.steps=60",
         "train.batch_size=32",
         "device=cpu",
+        "tracking.log_model=true",
     )
     run = store.only_run()
     assert run.data.tags["model.class"] == "my_project.models.TinyConvNet"
@@ -189,7 +190,14 @@ def test_cnn_with_scheduler_resumes_bit_for_bit_and_reproduces(tmp_path: Path) -
 
 
 def test_model_is_registered_under_a_name(tmp_path: Path, store: Store) -> None:
-    train(tmp_path, store, "experiment=smoke", "device=cpu", "tracking.register_as=digits-mlp")
+    train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        "device=cpu",
+        "tracking.log_model=true",
+        "tracking.register_as=digits-mlp",
+    )
     versions = store.client.search_model_versions("name='digits-mlp'")
     assert [int(v.version) for v in versions] == [1]
     assert versions[0].run_id == store.only_run().info.run_id
@@ -308,9 +316,17 @@ BAD = {
 
 
 @pytest.mark.parametrize("overrides,expected", BAD.values(), ids=BAD.keys())
-def test_bad_pieces_are_one_clear_line(tmp_path: Path, store: Store, overrides, expected) -> None:
-    project = user_project(tmp_path)
-    result = train(project, store, "experiment=smoke", *overrides, check=False, timeout=120)
+def test_bad_pieces_are_one_clear_line(
+    tmp_path: Path, store: Store, app_in_process, overrides, expected
+) -> None:
+    user_project(tmp_path)  # the app runs in tmp_path (conftest.app_in_process)
+    result = app_in_process(
+        "runtime=local",
+        f"tracking.uri={store.uri}",
+        f"train.output_dir={tmp_path / 'results'}",
+        "experiment=smoke",
+        *overrides,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("reprotrain: error:")]
     assert len(errors) == 1 and expected in errors[0], result.stderr[-3000:]

@@ -237,9 +237,13 @@ def test_bad_input_under_torchrun_is_one_line_per_rank(
         ),
     ],
 )
-def test_bad_nproc_is_one_line(tmp_path: Path, overrides: tuple[str, ...], message: str) -> None:
+def test_bad_nproc_is_one_line(
+    tmp_path: Path, app_in_process, overrides: tuple[str, ...], message: str
+) -> None:
     store = Store(tmp_path)
-    done = train(tmp_path, store, "train.steps=10", *overrides, check=False)
+    done = app_in_process(  # the training script's main() in this process (conftest)
+        "runtime=local", f"tracking.uri={store.uri}", "train.steps=10", *overrides
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr, lines

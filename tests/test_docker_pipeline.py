@@ -99,7 +99,7 @@ def docker_project() -> Iterator[tuple[Path, pwd.struct_passwd, subprocess.Compl
     user = non_root_user()
     base = Path(tempfile.mkdtemp(prefix="reprotrain-docker-"))
     base.chmod(0o755)
-    repo = make_project(base / "project", runtime="docker")
+    repo = make_project(base / "project", runtime="docker", child_defaults=False)
     subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(base)], check=True)
     result = as_user(user, repo, "dvc", "repro")
     yield repo, user, result

@@ -219,13 +219,14 @@ def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]")
     stale = out / f".model.pt.{namespace}-{dead_pid()}.x1y2z3.tmp"  # a killed write's leftover
     stale.write_bytes(b"half")
-    proc = start_training(tmp_path, store.uri, *KILLABLE)
+    logged = (*KILLABLE, "tracking.log_model=true")  # the final phase logs the MLflow Model
+    proc = start_training(tmp_path, store.uri, *logged)
     wait_for(out / "config.yaml", proc)  # the final phase's first output
     kill_trainer(proc)
     assert not (out / "metrics.json").exists()  # killed before the end
     run_id = store.only_run().info.run_id
 
-    finished = train(tmp_path, store, *KILLABLE, "train.resume=last")
+    finished = train(tmp_path, store, *logged, "train.resume=last")
     assert not re.search(r"step \d+/1500", finished.stderr)  # no step trained again
     run = store.only_run()
     assert run.info.status == "FINISHED"
@@ -237,7 +238,7 @@ def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     models = store.client.search_logged_models([experiment])
     assert [m.name for m in models if m.source_run_id == run_id] == ["model"]
 
-    again = train(tmp_path, store, *KILLABLE, "train.resume=last", check=False)
+    again = train(tmp_path, store, *logged, "train.resume=last", check=False)
     assert (
         again.returncode == 2 and "is FINISHED" in again.stderr and "Traceback" not in again.stderr
     )
@@ -438,7 +439,9 @@ def test_tracking_worker_killed_mid_run_loses_nothing(tmp_path: Path) -> None:
     goes to the spool file, the end says how to send it, and the replay leaves the run
     FINISHED with every step once and its artifacts."""
     store = ready_store(tmp_path)
-    proc = start_training(tmp_path, store.uri, "train.steps=3000", *KILLABLE[1:])
+    proc = start_training(
+        tmp_path, store.uri, "train.steps=3000", *KILLABLE[1:], "tracking.log_model=true"
+    )
     wait_for_losses(store, 300, proc)
     (worker,) = psutil.Process(proc.pid).children()
     worker.kill()
@@ -643,8 +646,10 @@ def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
     phase, or of its very end, each followed by the documented recovery: `python -m
     reprotrain.runs --clean`, then `train.resume=<run id>` for each run it ended that has a
     checkpoint. At the end no run is RUNNING and every FINISHED one has every step once."""
-    runs, steps = 6, 1200
+    runs, steps = 3, 1200  # one kill in each phase: training, the final phase, the very end
+    # With the MLflow Model: its export is the longest part of the final phase to kill in.
     overrides = [f"train.steps={steps}", *KILLABLE[1:], "train.progress=off"]
+    overrides.append("tracking.log_model=true")
     store = ready_store(tmp_path)
     began = time.monotonic()
     train(tmp_path, store, *overrides, f"train.output_dir={tmp_path / 'clean'}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, Store, child_env, make_project, require_docker, run_app, sh
+from conftest import BIN, ROOT, Reproduced, Store, child_env, require_docker, run_app, sh
 
 README = (ROOT / "README.md").read_text()
 # The user's guide and the pages it points to for measurements and design (docs/*.md).
@@ -51,6 +51,7 @@ COVERED = {
     "python -m reprotrain.bench --quick": "test_bench",
     "python -m reprotrain.bench": "test_bench (quick mode in CI; full mode by hand)",
     "python benchmarks/tracking_overhead.py": "test_bench (--quick)",
+    "python benchmarks/run_length.py": "test_bench::test_run_length_script_prints_each_pair_and_the_medians",
     "python benchmarks/worker_start.py": "test_bench::test_worker_start_script_times_each_link_against_the_training_start_up",
     "python -m reprotrain.bench --quick --whole-with tracking.enabled=false": "test_bench::test_quick_bench_measures_every_variant_and_records_the_run",
     "scripts/build-base-image.sh": ".ci/run",
@@ -160,9 +161,8 @@ def test_digits_command(tmp_path: Path) -> None:
     assert run.data.tags["data.input_shape"] == "64" and run.data.metrics["val/accuracy"] > 0.9
 
 
-def test_exp_commands(tmp_path: Path) -> None:
-    repo = make_project(tmp_path / "project", runtime="local")
-    sh(repo, "dvc", "repro")
+def test_exp_commands(tmp_path: Path, reproduced: Reproduced) -> None:
+    repo = reproduced.copy(tmp_path / "project")  # after `dvc repro` (conftest)
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "baseline")
     sh(repo, "dvc", "exp", "run", "-S", "optimizer=sgd", "-S", "optimizer.lr=0.01")

@@ -20,7 +20,7 @@ from conftest import (
     train_args,
     wait_for_losses,
 )
-from teamserver import mlflow_server
+from teamserver import Gate, free_port, mlflow_server
 
 LONG = [
     "train.steps=3000",
@@ -275,26 +275,31 @@ OUTAGE_RUN = (
 
 
 class MlflowServer:
-    """A real `mlflow server` on 127.0.0.1 over a sqlite store, in its own process group."""
+    """A real `mlflow server` on 127.0.0.1 over a sqlite store, in its own process group,
+    reached through a Gate (teamserver.py): `cut()` is an outage as a crash looks to the
+    client, `restore()` ends it at once."""
 
     def __init__(self, folder: Path) -> None:
-        import socket
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
         self.folder, self.store = folder, Store(folder)
-        self.uri = f"http://127.0.0.1:{self.port}"
+        self.server_port = free_port()
+        self.gate = Gate(self.server_port)
+        self.uri = f"http://127.0.0.1:{self.gate.port}"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.proc = mlflow_server(self.port, self.store.uri, cwd=self.folder)
+        self.proc = mlflow_server(self.server_port, self.store.uri, cwd=self.folder)
+        self.gate.open()
+
+    def cut(self) -> None:
+        self.gate.close()
+
+    def restore(self) -> None:
+        self.gate.open()
 
     def stop(self) -> None:
-        import os
-
+        self.gate.close()
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # gone at once, as in a crash
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
 
@@ -309,18 +314,20 @@ def server(tmp_path: Path):
 
 
 def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer) -> None:
-    steps = 30000
+    steps = 8000  # a run that goes on well past the outage, also on a loaded machine
     proc = start_training(
         tmp_path,
         server.uri,
         f"train.steps={steps}",
+        "tracking.log_model=true",
         *OUTAGE_RUN,
     )
     try:
         wait_for_losses(server.store, 200, proc)
-        server.stop()
+        server.cut()
         time.sleep(3)  # flushes fail meanwhile: their points go to the spool
-        server.start()
+        assert proc.poll() is None, "the run ended during the outage"
+        server.restore()
         _, stderr = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -343,11 +350,12 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
         tmp_path,
         server.uri,
         f"train.steps={steps}",
+        "tracking.log_model=true",
         *OUTAGE_RUN,
     )
     try:
         wait_for_losses(server.store, 100, proc)
-        server.stop()
+        server.cut()
         _, stderr = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -357,7 +365,7 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
     assert "was not logged: the tracking store" in stderr  # the MLflow Model: said, not spooled
     spooled = list((tmp_path / "results" / "spool").glob("*.jsonl"))
     assert len(spooled) == 1
-    server.start()
+    server.restore()
     replay = subprocess.run(
         [PYTHON, "-m", "reprotrain.replay", str(spooled[0])],
         cwd=tmp_path,

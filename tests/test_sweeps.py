@@ -164,11 +164,17 @@ BAD_SWEEPS = {
 
 @pytest.mark.parametrize(("overrides", "expected"), BAD_SWEEPS.values(), ids=BAD_SWEEPS.keys())
 def test_bad_sweep_is_one_line_before_any_run(
-    tmp_path: Path, store: Store, overrides: list[str], expected: list[str]
+    tmp_path: Path, store: Store, app_in_process, overrides: list[str], expected: list[str]
 ) -> None:
     user_conf = write_preset(tmp_path, {"optimizer.lrr": "interval(0.0001,0.01)"})
     overrides = [o.format(user_conf=user_conf) for o in overrides]
-    result = sweep(tmp_path, store, *overrides)
+    result = app_in_process(  # the training script's main() in this process (conftest)
+        "--multirun",
+        *SMOKE,
+        f"tracking.uri={store.uri}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *overrides,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("reprotrain: error:")]
     assert len(errors) == 1, result.stderr[-3000:]
