@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (
+    CHILD_DEFAULTS,
     PYTHON,
     Store,
     child_env,
@@ -22,6 +23,7 @@ from conftest import (
 )
 from teamserver import Gate, free_port, mlflow_server
 
+CHILD_DEFAULTS_ARGS = [f"{key}={value}" for key, value in CHILD_DEFAULTS.items()]
 LONG = [
     "train.steps=3000",
     "train.log_every=10",
@@ -64,32 +66,29 @@ def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> N
     assert [value for _, value in history] == expected
 
 
-@pytest.mark.parametrize(
-    "damage,message",
-    [
-        ("truncate", "is corrupt or truncated"),
-        ("other_model", "was written with another model/optimizer/data/batch config"),
-        ("missing", "no checkpoint"),
-    ],
-)
-def test_bad_checkpoint_is_a_clear_error(
-    tmp_path: Path, store: Store, damage: str, message: str
-) -> None:
+def test_bad_checkpoint_is_a_clear_error(tmp_path: Path, store: Store) -> None:
+    """One trained run, resumed three wrong ways: another config, a run id with no
+    checkpoint, then its checkpoint truncated."""
     train(tmp_path, store, "experiment=smoke", "train.checkpoint_every=10")
     run_id = store.only_run().info.run_id
     checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run_id}.pt"
     assert checkpoint.is_file()
-    overrides = ["experiment=smoke", "train.steps=40", f"train.resume={run_id}"]
-    if damage == "truncate":
-        checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-    elif damage == "other_model":
-        overrides.append("model.hidden_size=64")
-    else:
-        overrides[-1] = "train.resume=0123456789abcdef"
-    result = train(tmp_path, store, *overrides, check=False)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert message in result.stderr
-    assert "RUNNING" not in store.statuses()
+    resume = ("experiment=smoke", "train.steps=40")
+    cases = {
+        "was written with another model/optimizer/data/batch config": (
+            f"train.resume={run_id}",
+            "model.hidden_size=64",
+        ),
+        "no checkpoint": ("train.resume=0123456789abcdef",),
+        "is corrupt or truncated": (f"train.resume={run_id}",),
+    }
+    for message, overrides in cases.items():
+        if message == "is corrupt or truncated":
+            checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+        result = train(tmp_path, store, *resume, *overrides, check=False)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, message
+        assert message in result.stderr, result.stderr[-2000:]
+        assert "RUNNING" not in store.statuses()
 
 
 def test_eight_parallel_runs_on_a_fresh_store(tmp_path: Path) -> None:
@@ -105,6 +104,7 @@ def test_eight_parallel_runs_on_a_fresh_store(tmp_path: Path) -> None:
                 f"tracking.uri={store.uri}",
                 f"train.output_dir={tmp_path / str(i)}",
                 f"train.seed={i}",
+                *CHILD_DEFAULTS_ARGS,
             ],
             cwd=tmp_path,
             env=child_env(),
