@@ -133,7 +133,14 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
     tmp_path: Path, store: Store
 ) -> None:
     stdout, report = bench(
-        tmp_path, store, "--batch-sizes", "4,64", "--whole-with", "tracking.enabled=false"
+        tmp_path,
+        store,
+        "--batch-sizes",
+        "4,64",
+        "--whole-steps",
+        "100",  # the whole-process rows: each a real process; the steps only add loop time
+        "--whole-with",
+        "tracking.enabled=false",
     )
     assert report["settings"]["mode"] == "quick" and report["settings"]["batch_sizes"] == [4, 64]
     assert "cpu" in report["devices"]
@@ -159,8 +166,8 @@ def test_quick_bench_measures_every_variant_and_records_the_run(
     assert positive(report["startup"]["median_s"]) and len(report["startup"]["runs_s"]) == 1
     assert report["dvc"] == {"skipped": "--no-dvc"}
     whole = report["whole_process"]  # the lesson's script and reprotrain.train, one pair
-    assert whole["steps"] == 500 and whole["batch_size"] == 64 and whole["pairs"] == 1
-    assert "lesson_script.py --steps=500" in whole["commands"]["lesson"]
+    assert whole["steps"] == 100 and whole["batch_size"] == 64 and whole["pairs"] == 1
+    assert "lesson_script.py --steps=100" in whole["commands"]["lesson"]
     assert "reprotrain.train device=cpu" in whole["commands"]["reprotrain"]
     for name in ("lesson", "reprotrain"):
         assert positive(whole["median_s"][name]) and positive(whole["peak_rss_mb"][name])

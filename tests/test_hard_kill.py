@@ -375,7 +375,9 @@ def test_container_runs_are_ended_only_once_launcher_and_container_are_gone(
 
 def test_two_runs_sharing_an_output_folder_are_warned(tmp_path: Path) -> None:
     store = ready_store(tmp_path)
-    first = start_training(tmp_path, store.uri, *KILLABLE)
+    first = start_training(
+        tmp_path, store.uri, "train.steps=1000000", *KILLABLE[1:]
+    )  # killed below
     try:
         wait_for_losses(store, 50, first)
         second = train(tmp_path, store, "experiment=smoke")  # the same results/ folder

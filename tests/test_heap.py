@@ -55,7 +55,7 @@ def test_a_run_start_walks_its_imports_at_most_a_few_times(tmp_path: Path, store
     env = child_env(REPROTRAIN_GC_PROBE=str(counts))
     env["PYTHONPATH"] = ":".join(filter(None, [str(probe), env.get("PYTHONPATH", "")]))
     result = subprocess.run(
-        train_args(tmp_path, store.uri, "train.steps=200"),
+        train_args(tmp_path, store.uri, "train.steps=200", "tracking.log_model=true"),
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -25,7 +25,7 @@ from teamserver import Gate, free_port, mlflow_server
 
 CHILD_DEFAULTS_ARGS = [f"{key}={value}" for key, value in CHILD_DEFAULTS.items()]
 LONG = [
-    "train.steps=3000",
+    "train.steps=1500",
     "train.log_every=10",
     "train.checkpoint_every=500",
     "tracking.flush_every_s=0.2",
@@ -52,7 +52,7 @@ def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> N
     stopped = store.only_run()
     assert stopped.info.status == "KILLED"
     done = len(store.losses(stopped.info.run_id))
-    assert 100 <= done < 3000
+    assert 100 <= done < 1500
     # train.checkpoint_dir (outputs/checkpoints under the working directory), not the results
     checkpoint = tmp_path / "b" / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
     assert checkpoint.is_file()
@@ -62,7 +62,7 @@ def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> N
     resumed = store.only_run()  # the same MLflow run, continued
     assert resumed.info.run_id == stopped.info.run_id and resumed.info.status == "FINISHED"
     history = store.losses(resumed.info.run_id)
-    assert [step for step, _ in history] == list(range(1, 3001))
+    assert [step for step, _ in history] == list(range(1, 1501))
     assert [value for _, value in history] == expected
 
 
@@ -170,7 +170,14 @@ def test_reproduce_uses_the_thread_count_auto_gave_the_recorded_run(
     # The recorded run may use one CPU, so train.threads=auto gives it 1 thread; here auto
     # would give 2, and 2 threads sum the smoke run's losses differently from step 4 on.
     one_cpu = subprocess.run(
-        ["taskset", "-c", "0", *train_args(tmp_path, store.uri, "experiment=smoke", "device=cpu")],
+        [
+            "taskset",
+            "-c",
+            "0",
+            *train_args(
+                tmp_path, store.uri, "experiment=smoke", "device=cpu", "train.threads=auto"
+            ),
+        ],
         cwd=tmp_path,
         env=child_env(),
         capture_output=True,
