@@ -5,9 +5,11 @@ rank, and the bad inputs. Real processes, a real sqlite store."""
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from conftest import BIN, ROOT, Store, child_env, train, wait_for_losses
 from reprotrain.containers import gpu_count
 from reprotrain.errors import RuntimeEnvError
 from reprotrain.runtime.container import processes
+from reprotrain.runtime.distributed import Group, Member, lost_rank
 from reprotrain.schema import validate
 from reprotrain.tracking import prepare_store
 
@@ -197,6 +200,28 @@ def test_a_killed_rank_fails_the_run_naming_it(tmp_path: Path) -> None:
     ours = [line for line in stderr.splitlines() if line.startswith("reprotrain: error:")]
     assert len(ours) == 1 and "rank 1" in ours[0]
     assert 'File "' + str(Path(__file__).parents[1] / "src") not in stderr  # no traceback of ours
+
+
+def test_a_lost_rank_is_named_once_its_process_has_exited() -> None:
+    """The peer's reset can arrive before the killed rank has exited (its sockets close
+    first): the rank that saw it waits a moment for a local peer to be gone, and names it."""
+    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    here = socket.gethostname()
+    group = Group(
+        rank=0,
+        world_size=2,
+        backend="gloo",
+        members=(Member(here, os.getpid(), "cpu"), Member(here, exiting.pid, "cpu")),
+        active=True,
+    )
+    try:
+        said = lost_rank(group, RuntimeError("[gloo.cc:1] Connection reset by peer")).one_line()
+    finally:
+        exiting.wait()
+    assert said.startswith(f"rank 1 (pid {exiting.pid}) of the 2-process job stopped answering")
+    assert "(Connection reset by peer)" in said
+    alive = Group(rank=0, world_size=2, members=(group.members[0], group.members[0]))
+    assert lost_rank(alive, RuntimeError("Timed out")).one_line().startswith("another rank")
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ import datetime
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from reprotrain.devices import describe_device
 from reprotrain.errors import ConfigError, DeviceError, UserError
 
 ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+LOST_RANK_WAIT_S = 2.0  # how long a failed collective waits to see which local peer is gone
 
 
 class RankLost(UserError):
@@ -171,11 +173,19 @@ def leave(group: Group) -> None:
 def lost_rank(group: Group, error: BaseException) -> RankLost:
     """What a failed collective means: which rank is gone, where that can be seen."""
     here = socket.gethostname()
-    missing = [
-        f"rank {rank} (pid {member.pid})"
+    peers = [
+        (rank, member)
         for rank, member in enumerate(group.members)
-        if rank != group.rank and member.host == here and gone(member.pid)
+        if rank != group.rank and member.host == here
     ]
+    # A killed process's sockets close before it has exited (the peer's reset can arrive
+    # first, on a loaded machine by tens of ms): give a peer on this host a moment to be gone.
+    deadline = time.monotonic() + LOST_RANK_WAIT_S
+    while True:
+        missing = [f"rank {rank} (pid {member.pid})" for rank, member in peers if gone(member.pid)]
+        if missing or not peers or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     who = ", ".join(missing) if missing else "another rank"
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip())  # gloo's "[source:line] "
     first = text.splitlines()[0].split(". ")[0][:200] if text else type(error).__name__
