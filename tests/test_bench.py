@@ -471,19 +471,24 @@ def test_tracking_overhead_script_prints_the_cost_of_each_cadence(tmp_path: Path
     assert costs == ["1", "5"], result.stdout  # one figure per cadence asked for
 
 
+def run_length(cwd: Path, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/run_length.py ARGS`, run in `cwd`."""
+    return subprocess.run(
+        [PYTHON, str(ROOT / "benchmarks" / "run_length.py"), *args],
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_run_length_script_prints_each_pair_and_the_medians(tmp_path: Path) -> None:
     """benchmarks/run_length.py, at its smallest: each run's figures are the quotients it
     says of that run.json, the table has a row per run, nothing is left in the folder."""
     out = tmp_path / "run_length.json"
-    result = subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "run_length.py"), "--steps", "30,60", "--pairs", "1"]
-        + ["--json", str(out), "train.threads=1", "train.warmup_steps=5"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    sizes = ("--steps", "30,60", "--pairs", "1", "--json", str(out))
+    result = run_length(tmp_path, *sizes, "train.threads=1", "train.warmup_steps=5", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(out.read_text())
     (pair,) = summary["pairs"]
@@ -498,14 +503,7 @@ def test_run_length_script_prints_each_pair_and_the_medians(tmp_path: Path) -> N
     assert rows == ["30", "60"], result.stdout
     assert f"30 over 60 steps: {ratio:.3f}" in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run_length.json"]
-    bad = subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "run_length.py"), "--steps", "3000,300"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = run_length(tmp_path, "--steps", "3000,300", timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.splitlines()[-1].endswith("try --steps 300,3000")
 
