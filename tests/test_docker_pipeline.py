@@ -321,53 +321,38 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
 
     from reprotrain.tracking import prepare_store
 
-    # The uninterrupted reference, in this process's torch (the same build), trains beside
-    # the container runs: it shares nothing with them.
-    reference = Store(tmp_path)
-    uninterrupted = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            *STOP_RESUME_RUN,
-            "experiment=smoke",  # the project's default preset (make_project), here explicit
-            "runtime=local",
-            "tracking.log_model=false",
-            f"tracking.uri={reference.uri}",
-            f"train.output_dir={tmp_path / 'reference'}",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        repo = make_project(tmp_path / "project", runtime="docker")
-        store = Store(repo)
-        prepare_store(store.uri)
-        returncode, stderr = stop_container_mid_run(repo, store, "stop", 100, *STOP_RESUME_RUN)
-        assert returncode == 143, stderr[-3000:]  # as a local run stopped by SIGTERM
-        assert "exited with code 143" in stderr and "Traceback" not in stderr
-        stopped = store.only_run()
-        assert stopped.info.status == "KILLED" and stopped.data.tags["runtime"] == "docker-cpu"
-        done = len(store.losses(stopped.info.run_id))
-        assert 100 <= done < 2000
-        assert [step for step, _ in store.losses(stopped.info.run_id)] == list(range(1, done + 1))
-        checkpoint = repo / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
-        assert torch.load(checkpoint, weights_only=True)["step"] == done  # written at the stop
+    repo = make_project(tmp_path / "project", runtime="docker")
+    store = Store(repo)
+    prepare_store(store.uri)
+    returncode, stderr = stop_container_mid_run(repo, store, "stop", 100, *STOP_RESUME_RUN)
+    assert returncode == 143, stderr[-3000:]  # as a local run stopped by SIGTERM
+    assert "exited with code 143" in stderr and "Traceback" not in stderr
+    stopped = store.only_run()
+    assert stopped.info.status == "KILLED" and stopped.data.tags["runtime"] == "docker-cpu"
+    done = len(store.losses(stopped.info.run_id))
+    assert 100 <= done < 2000
+    assert [step for step, _ in store.losses(stopped.info.run_id)] == list(range(1, done + 1))
+    checkpoint = repo / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
+    assert torch.load(checkpoint, weights_only=True)["step"] == done  # written at the stop
 
-        resumed = run_app(repo, *STOP_RESUME_RUN, "train.resume=last", timeout=900)
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        run = store.only_run()  # the same MLflow run, continued; no other run created
-        assert run.info.run_id == stopped.info.run_id and run.info.status == "FINISHED"
-        history = store.losses(run.info.run_id)
-        assert [step for step, _ in history] == list(range(1, 2001))
-        _, said = uninterrupted.communicate(timeout=900)
-    finally:
-        if uninterrupted.poll() is None:
-            uninterrupted.kill()
-    assert uninterrupted.returncode == 0, said[-3000:]
+    resumed = run_app(repo, *STOP_RESUME_RUN, "train.resume=last", timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run = store.only_run()  # the same MLflow run, continued; no other run created
+    assert run.info.run_id == stopped.info.run_id and run.info.status == "FINISHED"
+    history = store.losses(run.info.run_id)
+    assert [step for step, _ in history] == list(range(1, 2001))
+
+    reference = Store(tmp_path)  # uninterrupted, in this process's torch (the same build)
+    uninterrupted = run_app(
+        tmp_path,
+        *STOP_RESUME_RUN,
+        "experiment=smoke",  # the project's default preset (make_project), here explicit
+        "runtime=local",
+        f"tracking.uri={reference.uri}",
+        f"train.output_dir={tmp_path / 'reference'}",
+        timeout=900,
+    )
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     assert history == reference.losses(reference.only_run().info.run_id)
 
 
