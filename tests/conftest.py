@@ -367,7 +367,10 @@ def app_in_process(
     yield run
     threads, deterministic, handlers, path, level, root_handlers = saved
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
+    if (
+        torch.are_deterministic_algorithms_enabled() != deterministic
+    ):  # the call imports torch's compiler
+        torch.use_deterministic_algorithms(deterministic)
     for signum, handler in zip((signal.SIGINT, signal.SIGTERM), handlers, strict=True):
         signal.signal(signum, handler)
     sys.path[:] = path

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from conftest import (
-    CHILD_DEFAULTS,
     PYTHON,
     Store,
     child_env,
@@ -20,10 +19,10 @@ from conftest import (
     train,
     train_args,
     wait_for_losses,
+    with_child_defaults,
 )
 from teamserver import Gate, free_port, mlflow_server
 
-CHILD_DEFAULTS_ARGS = [f"{key}={value}" for key, value in CHILD_DEFAULTS.items()]
 LONG = [
     "train.steps=1500",
     "train.log_every=10",
@@ -99,12 +98,15 @@ def test_eight_parallel_runs_on_a_fresh_store(tmp_path: Path) -> None:
                 PYTHON,
                 "-m",
                 "reprotrain.train",
-                "runtime=local",
-                "experiment=smoke",
-                f"tracking.uri={store.uri}",
-                f"train.output_dir={tmp_path / str(i)}",
-                f"train.seed={i}",
-                *CHILD_DEFAULTS_ARGS,
+                *with_child_defaults(
+                    [
+                        "runtime=local",
+                        "experiment=smoke",
+                        f"tracking.uri={store.uri}",
+                        f"train.output_dir={tmp_path / str(i)}",
+                        f"train.seed={i}",
+                    ]
+                ),
             ],
             cwd=tmp_path,
             env=child_env(),
