@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from conftest import (
@@ -83,7 +82,7 @@ def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path:
     store = ready_store(tmp_path)
     proc = start_training(tmp_path, store.uri, *KILLABLE)
     wait_for_losses(store, 350, proc)  # past a checkpoint, with points sent after it
-    os.killpg(proc.pid, signal.SIGKILL)  # with its tracking worker: docker kill, a cgroup OOM
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: docker kill, a cgroup OOM
     proc.wait(timeout=30)
     run_id = store.only_run().info.run_id
     assert store.only_run().info.status == "RUNNING"  # what kill -9 leaves
@@ -111,84 +110,34 @@ def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path:
     )  # loss.csv keeps 6 significant digits
 
 
-def test_sigkill_of_the_training_process_alone_is_ended_by_its_worker(tmp_path: Path) -> None:
-    """kill -9 of the training process (the OOM killer picks the largest): its tracking worker
-    ends the run KILLED within seconds, saying so, and a resume records every step once."""
+def test_the_next_run_ends_a_killed_run_killed_and_resume_records_every_step_once(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the training process (the OOM killer picks the largest) leaves its run
+    RUNNING; the next run of the experiment, as it opens, finds its process gone and ends it
+    KILLED saying why; a resume then records every step once."""
     store = ready_store(tmp_path)
     proc = start_training(tmp_path, store.uri, *KILLABLE)
     wait_for_losses(store, 350, proc)
-    kill_trainer(proc)  # returns once the worker has exited
-    run = store.only_run()
-    run_id = run.info.run_id
-    assert run.info.status == "KILLED"
-    assert run.data.tags["error"] == (
-        f"the training process (pid {proc.pid}) ended without ending its run "
-        "(killed, or out of memory)"
-    )
-    assert run.data.tags["reprotrain.pid"] == str(proc.pid)  # the owner is the trainer
-    assert f"continue it with the same command and train.resume={run_id}" in proc.stderr.read()
+    kill_trainer(proc)
+    run_id = store.only_run().info.run_id
+    assert store.only_run().info.status == "RUNNING"  # what kill -9 leaves
 
+    train(tmp_path, store, "experiment=smoke", f"train.output_dir={tmp_path / 'next'}")
+    killed = store.client.get_run(run_id)
+    assert killed.info.status == "KILLED"
+    assert f"its process {proc.pid} on " in killed.data.tags["reprotrain.ended_by"]
     resumed = train(tmp_path, store, *KILLABLE, f"train.resume={run_id}")
     assert "Traceback" not in resumed.stderr
-    run = store.only_run()
+    run = store.client.get_run(run_id)
     assert run.info.status == "FINISHED" and "error" not in run.data.tags
     assert steps_recorded(store, run_id) == list(range(1, 1501))
-
-
-# A training process that opens its run and dies at once: the worker, still busy opening the
-# run and warming up the export, answers "opened" into a pipe nobody reads any more.
-DIES_OPENING = """
-import os, signal, sys
-from reprotrain.tracking.worker import TrackingWorker
-worker = TrackingWorker().prepare(sys.argv[1])
-worker.open("reprotrain", "dies-opening", {}, {})
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-def test_sigkill_while_the_worker_opens_the_run_is_ended_by_the_worker(tmp_path: Path) -> None:
-    """kill -9 of the training process while its worker is still opening the run: the
-    worker's answer finds the pipe closed (BrokenPipeError), and the worker ends the run
-    KILLED, saying why, instead of dying with a traceback and leaving it RUNNING."""
-    store = ready_store(tmp_path)
-    child = subprocess.Popen(
-        [PYTHON, "-c", DIES_OPENING, store.uri],
-        cwd=tmp_path,
-        env=child_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _, said = child.communicate(timeout=300)  # the worker writes to it too: it has exited
-    assert child.returncode == -signal.SIGKILL, said
-    assert "Traceback" not in said, said
-    run = store.only_run()
-    assert run.info.status == "KILLED", said
-    assert run.data.tags["error"] == (
-        f"the training process (pid {child.pid}) ended without ending its run "
-        "(killed, or out of memory)"
-    )
-
-
-def test_sigkill_before_the_first_checkpoint_says_to_start_again(tmp_path: Path) -> None:
-    """Killed before its first checkpoint, a run has nothing to continue from: its worker
-    ends it KILLED and says to start it again, not to resume it (which would fail: no
-    checkpoint). Killed after one, it says train.resume=<run id>."""
-    store = ready_store(tmp_path)
-    first = ("train.steps=1500", "train.checkpoint_every=0", "train.checkpoint_every_s=3600")
-    proc = start_training(tmp_path, store.uri, *first)
-    wait_for_losses(store, 100, proc)
-    kill_trainer(proc)
-    said = proc.stderr.read()
-    run_id = store.only_run().info.run_id
-    assert f"run {run_id} KILLED; it was killed before its first checkpoint" in said, said
-    assert "train.resume" not in said.replace("without train.resume", "")
-    assert not list((tmp_path / "outputs" / "checkpoints").glob("*.pt"))
 
 
 def test_group_killed_before_the_first_checkpoint_is_cleaned_with_start_again(
     tmp_path: Path,
 ) -> None:
-    """Trainer and worker killed together before the first checkpoint: `reprotrain.runs
+    """Killed before the first checkpoint: `reprotrain.runs
     --clean` ends the run KILLED and says to start it again, not to resume it (which would
     fail: no checkpoint). The run names its checkpoint folder (`reprotrain.checkpoint_dir`)."""
     store = ready_store(tmp_path)
@@ -436,36 +385,6 @@ def test_store_deleted_mid_run_keeps_the_record_and_says_how_to_send_it(tmp_path
     assert spooled.is_file()  # nothing was sent: nothing left the file
 
 
-def test_tracking_worker_killed_mid_run_loses_nothing(tmp_path: Path) -> None:
-    """kill -9 of the run's tracking worker alone: training goes on, the rest of the record
-    goes to the spool file, the end says how to send it, and the replay leaves the run
-    FINISHED with every step once and its artifacts."""
-    store = ready_store(tmp_path)
-    proc = start_training(
-        tmp_path, store.uri, "train.steps=3000", *KILLABLE[1:], "tracking.log_model=true"
-    )
-    wait_for_losses(store, 300, proc)
-    (worker,) = psutil.Process(proc.pid).children()
-    worker.kill()
-    _, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "Traceback" not in stderr, stderr[-5000:]
-    run_id = store.only_run().info.run_id
-    spooled = tmp_path / "results" / "spool" / f"{run_id}.jsonl"
-    assert f"the tracking process (pid {worker.pid})" in stderr and "killed by SIGKILL" in stderr
-    assert f"python -m reprotrain.replay {spooled}" in stderr
-    assert f"the MLflow Model of run {run_id} was not logged" in stderr
-    assert store.only_run().info.status == "RUNNING"  # until the replay
-    replay = module(tmp_path, "replay", str(spooled))
-    assert replay.returncode == 0, replay.stderr
-    run = store.only_run()
-    assert run.info.status == "FINISHED"
-    assert steps_recorded(store, run_id) == list(range(1, 3001))
-    artifacts = {a.path for a in store.client.list_artifacts(run_id)}
-    assert {"config.yaml", "loss.csv", "loss.svg", "model.pt"} <= artifacts
-    assert not spooled.exists()
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path):
     """A 16 MiB tmpfs to hold a store, filled up mid-run (mounting needs root, as CI has)."""
@@ -630,7 +549,7 @@ def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
 
 
 def kill_at(phase: str, proc: subprocess.Popen, out: Path, delay: float) -> None:
-    """SIGKILL `proc` and its tracking worker `delay` seconds into `phase`: "training" (from
+    """SIGKILL `proc` `delay` seconds into `phase`: "training" (from
     the start), "final" (from the final phase's first output) or "end" (from metrics.json,
     its last, while the process ends its MLflow run)."""
     if phase == "final":

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from reprotrain.tracking import (
     EXPERIMENT_KIND_TAG,
     MAX_BATCH,
     NoRun,
+    RunSpec,
     Spool,
     TrackedRun,
     ensure_experiment,
@@ -51,7 +53,8 @@ def store(tmp_path: Path, schema_only_db: Path) -> Store:
 
 
 def _run(store: Store, flush_every_s: float = 3600.0) -> TrackedRun:
-    return TrackedRun(store.uri, "tracking", "test", {"t": "1"}, {"p": 1}, flush_every_s)
+    spec = RunSpec("tracking", "test", {"t": "1"}, {"p": 1})
+    return TrackedRun(store.uri, spec, flush_every_s=flush_every_s)
 
 
 def _history(store: Store, run_id: str, key: str) -> list[tuple[int, float | str]]:
@@ -63,8 +66,8 @@ def _history(store: Store, run_id: str, key: str) -> list[tuple[int, float | str
 
 
 def test_every_point_is_read_back_once_in_order(store: Store) -> None:
-    """Three flushes of up to 1000 points (at 1000 points) and the rest at the end; NaN and
-    both infinities kept as MLflow keeps them; a second key alongside."""
+    """Points sent at the end in batches of 1000; NaN and both infinities kept as MLflow keeps
+    them; a second key alongside."""
     specials = {7: float("nan"), 8: float("inf"), 9: float("-inf")}
     steps = 2 * MAX_BATCH + 17
     with _run(store) as run:
@@ -72,7 +75,6 @@ def test_every_point_is_read_back_once_in_order(store: Store) -> None:
             run.log_metric("train/loss", specials.get(step, 1.0 / step), step)
             if step % 100 == 0:
                 run.log_metrics({"time/step_ms": step / 10}, step)
-        assert run.metrics.sent == 2 * MAX_BATCH  # sent as the buffer filled, before the end
     expected = [(step, 1.0 / step) for step in range(1, steps + 1)]
     expected[6:9] = [(7, "nan"), (8, MAX_FLOAT), (9, -MAX_FLOAT)]
     assert _history(store, run.run_id, "train/loss") == expected
@@ -84,10 +86,26 @@ def test_every_point_is_read_back_once_in_order(store: Store) -> None:
     assert finished.data.metrics["train/loss"] == 1.0 / steps
 
 
+def test_points_leave_on_their_thread_while_the_run_goes_on(store: Store) -> None:
+    """The loop only appends: the sending thread delivers points every flush_every_s without
+    a flush from the loop; the run is MLflow's active run meanwhile, and none after its end."""
+    import mlflow
+
+    with _run(store, flush_every_s=0.05) as run:
+        assert mlflow.active_run().info.run_id == run.run_id
+        mlflow.log_metric("user/metric", 3.0, step=1)  # a user's own call: the same run
+        for step in range(1, 11):
+            run.log_metric("train/loss", float(step), step)
+        deadline = time.monotonic() + 30
+        while len(_history(store, run.run_id, "train/loss")) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _history(store, run.run_id, "train/loss") == [(s, float(s)) for s in range(1, 11)]
+    assert mlflow.active_run() is None
+    assert _history(store, run.run_id, "user/metric") == [(1, 3.0)]
+
+
 def test_a_flush_of_more_than_1000_points_goes_in_batches_of_1000(store: Store) -> None:
     with _run(store) as run:
-        run.metrics.max_points = 10 * MAX_BATCH  # all 2500 wait for the end: one flush
-        run.ready()
         sizes: list[int] = []
         log_batch = run.client.log_batch
 
@@ -170,7 +188,6 @@ def test_spooled_points_and_status_are_sent_in_order(store: Store, tmp_path: Pat
 
 def test_no_run_records_nothing(tmp_path: Path) -> None:
     with NoRun() as run:
-        run.start()
         run.log_metric("train/loss", 1.0, 1)
         run.log_metrics({"a": 1.0}, 1)
         run.set_tags({"a": "b"})
@@ -288,8 +305,9 @@ def test_logged_models_predict_the_same_in_a_fresh_process(
         with _run(store) as run:
             info = run.log_model(model, inputs, registered_name=f"user-{name}")
             assert store.client.get_run(run.run_id).info.status == "RUNNING"
-            assert mlflow.active_run() is None
+            assert mlflow.active_run().info.run_id == run.run_id
         assert store.client.get_run(run.run_id).info.status == "FINISHED"
+        assert mlflow.active_run() is None
         assert ("saved with pickle" in capfd.readouterr().err) == (name == "Branchy")
         data, code = _model_files(store, info.model_id)
         assert saved_as in data

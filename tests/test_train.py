@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from xml.etree import ElementTree
 
-import psutil
 import pytest
 import torch
 
@@ -19,18 +18,16 @@ from conftest import (
     ROOT,
     Store,
     child_env,
-    imported_modules,
     require_cuda,
     run_app,
     start_training,
     train,
-    train_args,
     wait_for_losses,
 )
-from reprotrain.loop import CheckpointCadence
 from reprotrain.outputs import loss_svg
 from reprotrain.timing import PHASES, PhaseClock, TimingSummary
 from reprotrain.tracking import prepare_store
+from reprotrain.trainer import CheckpointCadence
 
 SMOKE_STEPS = 20  # conf/experiment/smoke.yaml
 MLP_PARAMETERS = 784 * 512 + 512 + 512 * 10 + 10  # conf/model/mlp.yaml on the synthetic data
@@ -89,7 +86,6 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
         "val/accuracy",
         "memory/peak_rss_mb",
         "time/tracking_s",
-        "time/tracking_wait_s",
         "time/checkpoint_s",
         "time/outputs_s",
         "train/final_loss",
@@ -135,10 +131,17 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
     assert {k: metrics[k] for k in headline} == headline
     assert metrics["model_class"] == "reprotrain.models.mlp.MLP"
     assert metrics["parameters"] == MLP_PARAMETERS
-    for key in ("tracking_s", "tracking_wait_s", "checkpoint_s", "outputs_s"):
+    for key in ("tracking_s", "checkpoint_s", "outputs_s"):
         assert isinstance(metrics[key], float) and metrics[key] >= 0, key
-    # The wait for the MLflow run comes after the first step and before the run's end.
-    assert metrics["startup_s"] + metrics["tracking_wait_s"] < metrics["total_s"], metrics
+    assert metrics["startup_s"] < metrics["total_s"], metrics
+    # The data are the run's inputs (the run page's Datasets), with MLflow's digests.
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"synthetic-train", "synthetic-val"}
+    contexts = {
+        n: {t.key: t.value for t in d.tags}["mlflow.data.context"] for n, d in inputs.items()
+    }
+    assert contexts == {"synthetic-train": "training", "synthetic-val": "validation"}
+    assert all(d.dataset.digest for d in inputs.values())
     lines = (tmp_path / "results" / "loss.csv").read_text().splitlines()
     assert lines[0] == "step,loss" and len(lines) == SMOKE_STEPS + 1
     # Every metric and tag of reprotrain's that the run recorded is one the README explains.
@@ -263,8 +266,22 @@ def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -
     checkpoints = list((tmp_path / "outputs" / "checkpoints").iterdir())
     assert [p.name for p in checkpoints] == [f"{run_id}.pt"]
     state = torch.load(checkpoints[0], weights_only=True)
-    assert state["format"] == 3 and state["step"] == SMOKE_STEPS
-    assert state["model_class"] == "reprotrain.models.mlp.MLP" and state["scheduler"] is None
+    assert state["format"] == 4 and state["trainer"]["step"] == SMOKE_STEPS
+    assert (
+        state["model_class"] == "reprotrain.models.mlp.MLP"
+        and state["trainer"]["scheduler"] is None
+    )
+    assert set(state["trainer"]) == {  # the Trainer's state_dict: nothing of tracking
+        "step",
+        "epoch",
+        "model",
+        "optimizer",
+        "scheduler",
+        "torch_rng",
+        "cuda_rng",
+        "losses",
+        "timings",
+    }
 
 
 def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> None:
@@ -472,59 +489,28 @@ def test_phase_times_add_up_to_the_step_and_the_warm_up_is_left_out() -> None:
     assert TimingSummary(10).measured_steps == 0  # a run shorter than its warm-up: no figure
 
 
-def test_the_training_process_leaves_mlflow_to_its_tracking_worker(
-    tmp_path: Path, store: Store
-) -> None:
-    """MLflow is imported, the store opened and the MLflow Model logged by the run's tracking
-    worker (tracking/worker.py), beside training: the training process never imports MLflow,
-    and the run is whole (FINISHED, every step's loss, the model loadable)."""
-    logged = ("experiment=smoke", "tracking.log_model=true")
-    assert mlflow_imports_in_training_process(tmp_path, store, *logged) == []
-    run = store.only_run()
-    assert run.info.status == "FINISHED"
-    assert [step for step, _ in store.losses(run.info.run_id)] == list(range(1, SMOKE_STEPS + 1))
-    assert [m.name for m in logged_models(store, run.info.run_id)] == ["model"]
-    assert not psutil.Process().children(recursive=True)  # the worker is gone with its run
-
-
-def test_a_resumed_run_is_checked_through_its_tracking_worker(tmp_path: Path, store: Store) -> None:
-    """train.resume reads the run's status in the store before any step; the tracking worker
-    reads it, so a resumed training process imports no MLflow either (~2 s), and the run
-    goes on to its new step count."""
-    train(tmp_path, store, "experiment=smoke", "train.checkpoint_every=10")
-    run_id = store.only_run().info.run_id
-    resume = ("experiment=smoke", "train.steps=40", f"train.resume={run_id}")
-    assert mlflow_imports_in_training_process(tmp_path, store, *resume) == []
-    run = store.only_run()
-    assert run.info.run_id == run_id and run.info.status == "FINISHED"
-    assert [step for step, _ in store.losses(run_id)] == list(range(1, 41))
-
-
-def mlflow_imports_in_training_process(tmp_path: Path, store: Store, *overrides: str) -> list:
-    """The MLflow modules `python -m reprotrain.train OVERRIDES` imported itself (-X
-    importtime lists a process's own imports; its tracking worker's are not among them)."""
-    result = subprocess.run(
-        [PYTHON, "-X", "importtime", *train_args(tmp_path, store.uri, *overrides)[1:]],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    imported = imported_modules(result.stderr)
-    assert "torch" in imported  # the list is this process's own imports
-    return [name for name in imported if name.split(".")[0] == "mlflow"]
+def test_system_metrics_are_recorded_by_mlflows_monitor(tmp_path: Path, store: Store) -> None:
+    """tracking.system_metrics (on by default): MLflow's own monitor samples CPU and memory
+    into system/* beside training (every 10 s unless MLflow's own variable says otherwise)."""
+    env = {**child_env(), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.5"}
+    train(tmp_path, store, "train.steps=400", "data.num_samples=2048", env=env)
+    metrics = store.only_run().data.metrics
+    assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
+    assert metrics["system/system_memory_usage_megabytes"] > 0
+    first = store.only_run().info.run_id
+    train(tmp_path, store, "experiment=smoke", "tracking.system_metrics=false", env=env)
+    (off,) = [run for run in store.runs() if run.info.run_id != first]
+    assert off.data.metrics and not [k for k in off.data.metrics if k.startswith("system/")]
 
 
 def test_checkpoints_by_steps_and_by_time_within_one_percent() -> None:
     """train.checkpoint_every (steps) is kept as given; train.checkpoint_every_s waits at
     least 100x the last checkpoint's own duration."""
-    by_steps = CheckpointCadence(every=10, every_s=0, start=0)
+    by_steps = CheckpointCadence(every=10, every_s=0)
     assert not by_steps.due(9) and by_steps.due(10)
     by_steps.saved(10, took_s=5.0)
     assert not by_steps.due(19) and by_steps.due(20)
-    by_time = CheckpointCadence(every=0, every_s=0.05, start=0)
+    by_time = CheckpointCadence(every=0, every_s=0.05)
     assert not by_time.due(1)
     time.sleep(0.06)
     assert by_time.due(2)
@@ -533,7 +519,7 @@ def test_checkpoints_by_steps_and_by_time_within_one_percent() -> None:
     assert not by_time.due(3)
     time.sleep(0.16)
     assert by_time.due(4)
-    never = CheckpointCadence(every=0, every_s=0, start=0)
+    never = CheckpointCadence(every=0, every_s=0)
     time.sleep(0.01)
     assert not never.due(10**6)
 

@@ -1,18 +1,17 @@
 """Checkpoints: everything needed to continue a run exactly where it stopped.
 
-    save_checkpoint(path, step=..., model=..., optimizer=..., losses=..., run_id=..., fingerprint=...)
+    save_checkpoint(path, trainer.state_dict(), run_id=..., fingerprint=..., model_class=...)
     python -m reprotrain.train train.resume=last          # or train.resume=<MLflow run id>
 
-A checkpoint holds the model, optimizer and scheduler state, the step, torch's RNG state and
-the losses so far; the batch order is re-derived from the seed, so on CPU the continued losses equal an
-uninterrupted run's bit for bit. It is written every `train.checkpoint_every_s` seconds (and
-`train.checkpoint_every` steps when set; loop.CheckpointCadence), when
-the run is stopped (Ctrl-C, SIGTERM, docker stop) and after the last step, always atomically.
-
-It also keeps what the MLflow run had not been sent yet (`unsent` metric points, the losses
-of a `tracking.loss_every` window not logged yet), so a resume after `kill -9` makes the
-record whole; and the last step's checkpoint keeps the run's timings (`timings`), so a run
-killed during its final phase (outputs, artifacts, the MLflow Model) is finished by
+A checkpoint is the Trainer's state_dict (trainer.py: the model, optimizer and scheduler
+state, the step, the RNG states and the losses so far; the batch order is re-derived from
+the seed, so on CPU the continued losses equal an uninterrupted run's bit for bit) with the
+run it belongs to and a fingerprint of the config that must match to continue. It is
+written every `train.checkpoint_every_s` seconds (and `train.checkpoint_every` steps when
+set; trainer.CheckpointCadence), when the run is stopped (Ctrl-C, SIGTERM, docker stop) and
+after the last step, always atomically. Nothing of tracking is in it: the MLflow run is
+flushed before each checkpoint. The last step's checkpoint carries the run's timings, so a
+run killed during its final phase (outputs, artifacts, the MLflow Model) is finished by
 `train.resume` without training again.
 """
 
@@ -31,7 +30,7 @@ from reprotrain.errors import ConfigError, DataError
 from reprotrain.outputs import write_atomic
 from reprotrain.schema import Config, as_dict
 
-FORMAT = 3  # 2: scheduler state and model class; 3: unsent points, loss window, timings
+FORMAT = 4  # 4: the Trainer's state_dict under "trainer", nothing of tracking
 
 
 def checkpoint_path(folder: str | Path, run_id: str) -> Path:
@@ -51,35 +50,15 @@ def fingerprint(config: Config) -> str:
 
 
 def save_checkpoint(
-    path: Path,
-    *,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    losses: list[float],
-    run_id: str,
-    fingerprint: str,
-    unsent: list[tuple[str, float, int, int]] | None = None,
-    window: list[float] | None = None,
-    timings: dict[str, float] | None = None,
+    path: Path, trainer_state: dict[str, Any], *, run_id: str, fingerprint: str, model_class: str
 ) -> Path:
-    """`timings` marks the checkpoint of the last step, written before the final phase."""
+    """Write `trainer_state` (Trainer.state_dict()) for run `run_id`, atomically."""
     state = {
         "format": FORMAT,
-        "step": step,
         "run_id": run_id,
         "fingerprint": fingerprint,
-        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "losses": losses,
-        "unsent": [list(point) for point in unsent or []],
-        "window": list(window or []),
-        "timings": timings,
+        "model_class": model_class,
+        "trainer": trainer_state,
     }
     return write_atomic(path, lambda handle: torch.save(state, handle), "train.checkpoint_dir")
 
@@ -115,11 +94,13 @@ def load_checkpoint(path: Path, expected_fingerprint: str, model_class: str = ""
             f"checkpoint {str(path)!r} is corrupt or truncated ({type(error).__name__})",
             hint="delete it and start again, or resume another run",
         ) from None
-    keys = ("step", "run_id", "fingerprint", "model", "optimizer", "torch_rng", "losses")
+    keys = ("run_id", "fingerprint", "trainer")
     if (
         not isinstance(state, dict)
         or state.get("format") != FORMAT
         or not all(k in state for k in keys)
+        or not isinstance(state["trainer"], dict)
+        or not {"step", "model", "optimizer", "torch_rng", "losses"} <= set(state["trainer"])
     ):
         raise DataError(
             f"checkpoint {str(path)!r} is not a reprotrain checkpoint (format {FORMAT}, with "
@@ -142,11 +123,12 @@ def load_resume_point(config: Config) -> dict[str, Any] | None:
         return None
     path = find_checkpoint(config.train.checkpoint_dir, config.train.resume)
     state = load_checkpoint(path, fingerprint(config), config.model.get("_target_", ""))
-    if config.train.steps is not None and state["step"] > config.train.steps:
+    step = state["trainer"]["step"]
+    if config.train.steps is not None and step > config.train.steps:
         raise ConfigError(
-            f"train.resume={config.train.resume!r}: the checkpoint is at step {state['step']}, "
+            f"train.resume={config.train.resume!r}: the checkpoint is at step {step}, "
             f"past train.steps={config.train.steps}",
-            hint=f"set train.steps to {state['step']} or more",
+            hint=f"set train.steps to {step} or more",
         )
     return state
 
@@ -155,6 +137,7 @@ def already_finished(config: Config, state: dict[str, Any], status: str | None) 
     """The error for resuming a run that has nothing left to do."""
     return ConfigError(
         f"train.resume={config.train.resume!r}: run {state['run_id']} is {status} and its "
-        f"checkpoint is at step {state['step']}, which already reaches the steps asked for",
-        hint=f"raise train.steps above {state['step']} to train further",
+        f"checkpoint is at step {state['trainer']['step']}, which already reaches the steps "
+        "asked for",
+        hint=f"raise train.steps above {state['trainer']['step']} to train further",
     )

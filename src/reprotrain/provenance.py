@@ -91,3 +91,13 @@ def data_hash(config: Config, pieces: Pieces) -> str:
 def conf_hash(config: Config) -> str:
     tree = {k: v for k, v in as_dict(config).items() if k != "conf_digest"}
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(tree)).encode()).hexdigest()[:16]
+
+
+def dataset_source(config: Config) -> tuple[str, str]:
+    """The data's name and source for its MLflow dataset inputs: the prepared file's stem and
+    absolute path (data.file), else the last part of data._target_ and the target itself."""
+    if config.data.get("file"):
+        path = Path(config.data["file"]).resolve()
+        return path.stem, str(path)
+    target = str(config.data.get("_target_", "data"))
+    return target.rsplit(".", 1)[-1], target

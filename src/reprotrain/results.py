@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
-import copy
 import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,13 @@ import torch
 from omegaconf import OmegaConf
 
 from reprotrain.build import Pieces, class_name
-from reprotrain.data.batches import val_batches
 from reprotrain.devices import DeviceInfo
-from reprotrain.loop import Fitted
 from reprotrain.outputs import write_json, write_loss_csv, write_loss_plot, write_model, write_text
 from reprotrain.provenance import count_parameters
 from reprotrain.schema import Config, as_dict
-from reprotrain.step import evaluate
 from reprotrain.timing import PHASES, process_age_s, training_flops_per_sample
 from reprotrain.tracking import redact
+from reprotrain.trainer import Fitted, Trainer
 
 MODEL_FORMAT = 2
 # metrics.json: the few figures `dvc exp show` and `dvc metrics diff` compare, and the MLflow
@@ -46,64 +44,66 @@ HEADLINE = (
 )
 
 
-def finish(
-    config: Config,
-    pieces: Pieces,
-    fitted: Fitted,
-    tracked: Any,
-    device: torch.device,
-    info: DeviceInfo,
-    example: np.ndarray,
-    out_dir: Path,
-    total: int,
-    startup_s: float,
-    tracking_uri: str | None,
-) -> dict[str, Any]:
+@dataclass
+class Job:
+    """One training job as the runtime builds it up: its config and device, where its outputs
+    go, and, once built, its pieces and what the run records about them."""
+
+    config: Config
+    device: torch.device
+    out_dir: Path
+    runtime: str = "local"
+    varied: list[str] = field(default_factory=list)  # what a sweep job varies (its run name)
+    tracking_uri: str | None = None  # None: nothing recorded (tracking off, or not rank 0)
+    pieces: Pieces = None  # type: ignore[assignment]  # set once built
+    info: DeviceInfo = None  # type: ignore[assignment]
+    example: np.ndarray = field(default_factory=lambda: np.empty(0))  # the model's input example
+    startup_s: float = float("nan")
+
+
+def finish(job: Job, trainer: Trainer, fitted: Fitted, recorder: Any) -> dict[str, Any]:
+    """After the last step: the MLflow Model, validation, the outputs and the summary figures."""
     began = time.perf_counter()
-    model = pieces.model
-    if config.tracking.log_model:  # first: the tracking worker logs it while this evaluates
-        cpu_model = copy.deepcopy(model).cpu()  # loadable on a machine without this device
-        tracked.log_model(cpu_model, example, registered_name=config.tracking.register_as)
-    val_loss, val_accuracy, _ = evaluate(
-        model, val_batches(pieces.splits.val, device), pieces.loss_fn, device
-    )
+    config, model = job.config, job.pieces.model
+    if config.tracking.log_model:
+        recorder.log_model(model, job.example, registered_name=config.tracking.register_as)
+    val_loss, val_accuracy = trainer.validate()
     timings = fitted.timings
-    flops = training_flops_per_sample(model, torch.from_numpy(example).to(device))
+    flops = training_flops_per_sample(model, torch.from_numpy(job.example).to(job.device))
     result: dict[str, Any] = {
-        "steps": total,
+        "steps": len(fitted.steps),
         "batch_size": config.train.batch_size,
         "final_loss": fitted.losses[-1],
         "val_loss": val_loss,
         "val_accuracy": val_accuracy,
         "samples_per_s": timings["samples_per_s"],
         "step_ms_median": timings["step_ms_median"],
-        "startup_s": startup_s,
+        "startup_s": job.startup_s,
         "train_flops_per_s": timings["samples_per_s"] * flops,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "nonfinite_steps": fitted.nonfinite_steps,
-        "tracking_s": timings["tracking_s"],
-        "tracking_wait_s": timings["tracking_wait_s"],
+        "tracking_s": getattr(recorder, "tracking_s", 0.0),
         "checkpoint_s": timings["checkpoint_s"],
         "model_class": class_name(model),
         "parameters": count_parameters(model),
         **{f"{phase}_ms_mean": timings[f"{phase}_ms_mean"] for phase in PHASES},
     }
-    if device.type == "cuda":
-        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    write_outputs(config, pieces, fitted, tracked, out_dir, info)  # waits for the model too
+    if job.device.type == "cuda":
+        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(job.device) / 2**20
+    write_outputs(job, fitted, recorder)
     result["outputs_s"] = time.perf_counter() - began
     result["total_s"] = process_age_s()
-    tracked.log_metrics(summary_metrics(result), step=total)
+    recorder.log_metrics(summary_metrics(result), step=len(fitted.steps))
     result.update(
-        run_id=tracked.run_id,
-        tracking_uri=redact(tracking_uri) if tracking_uri else None,
-        device=info.type,
-        device_name=info.name,
+        run_id=recorder.run_id,
+        tracking_uri=redact(job.tracking_uri) if job.tracking_uri else None,
+        device=job.info.type,
+        device_name=job.info.name,
     )
     # NaN is not JSON: a figure that could not be measured is written as null.
     written = {k: _json_value(v) for k, v in result.items()}
-    write_json(out_dir / "run.json", written)
-    write_json(out_dir / "metrics.json", {k: written[k] for k in HEADLINE})  # last
+    write_json(job.out_dir / "run.json", written)
+    write_json(job.out_dir / "metrics.json", {k: written[k] for k in HEADLINE})  # last
     return result
 
 
@@ -118,7 +118,6 @@ def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
         "time/startup_s": result["startup_s"],
         "time/total_s": result["total_s"],
         "time/tracking_s": result["tracking_s"],
-        "time/tracking_wait_s": result["tracking_wait_s"],
         "time/checkpoint_s": result["checkpoint_s"],
         "time/outputs_s": result["outputs_s"],
         "memory/peak_rss_mb": result["peak_rss_mb"],
@@ -138,13 +137,12 @@ def objective(result: dict[str, Any], name: str) -> float:
     return float("nan") if value is None else float(value)
 
 
-def write_outputs(
-    config: Config, pieces: Pieces, fitted: Fitted, tracked: Any, out_dir: Path, info: DeviceInfo
-) -> None:
+def write_outputs(job: Job, fitted: Fitted, recorder: Any) -> None:
+    config, pieces, out_dir = job.config, job.pieces, job.out_dir
     tree = as_dict(config)
     if tree["tracking"]["uri"]:
         tree["tracking"]["uri"] = redact(tree["tracking"]["uri"])  # an artifact: no password
-    title = f"{info.name} · {type(pieces.model).__name__} · {type(pieces.optimizer).__name__}"
+    title = f"{job.info.name} · {type(pieces.model).__name__} · {type(pieces.optimizer).__name__}"
     saved = {
         "format": MODEL_FORMAT,
         "model": pieces.model_config,
@@ -158,7 +156,7 @@ def write_outputs(
         write_loss_csv(out_dir / "loss.csv", fitted.steps, fitted.losses),
     ]
     for path in files:
-        tracked.log_artifact(path)
+        recorder.log_artifact(path)
 
 
 def _json_value(value: Any) -> Any:

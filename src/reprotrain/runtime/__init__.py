@@ -20,7 +20,6 @@ from reprotrain.host import CONTAINER_ENV
 from reprotrain.runtime import distributed
 from reprotrain.runtime.local import run
 from reprotrain.schema import Config
-from reprotrain.tracking import discard_early
 
 WARNED_ENV = "REPROTRAIN_WARNED_NO_DOCKER"  # a sweep's jobs share one warning
 
@@ -33,7 +32,6 @@ def launch(config: Config, varied: list[str] | None = None) -> dict[str, Any]:
     # local run (most runs) never needs, and MLflow's import alone takes ~2 s.
     from reprotrain.runtime.container import run_in_docker
 
-    discard_early()  # the container's own process records the run
     return run_in_docker(config)
 
 

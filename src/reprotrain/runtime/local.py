@@ -1,5 +1,6 @@
-"""Train in this process: resolve the device, build the pieces, open the MLflow run, run the
-loop, write the outputs. The container runtime runs this same function inside the image.
+"""Train in this process: resolve the device, build the pieces, open the MLflow run, hand
+them to the Trainer, write the outputs. The container runtime runs this same function inside
+the image, and torchrun runs it in each rank.
 
     result = run(config)        # the figures written to run.json
 """
@@ -12,11 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from reprotrain import fastpaths
-from reprotrain.build import Pieces, build, check_fit
+from reprotrain.build import Pieces, build, check_fit, class_name
 from reprotrain.build import out_of_memory as is_out_of_memory
 from reprotrain.checkpoint import (
     already_finished,
@@ -28,11 +28,10 @@ from reprotrain.checkpoint import (
 from reprotrain.data import make_batches
 from reprotrain.devices import describe_device, resolve_device, set_threads
 from reprotrain.errors import ConfigError, DeviceError, TrackingError
-from reprotrain.loop import TIMING_KEYS, Fitted, fit
 from reprotrain.outputs import check_writable, claim
 from reprotrain.project import default_tracking_uri
-from reprotrain.provenance import count_parameters, run_name, run_tags
-from reprotrain.results import finish
+from reprotrain.provenance import count_parameters, dataset_source, run_name, run_tags
+from reprotrain.results import Job, finish
 from reprotrain.runtime import distributed
 from reprotrain.schema import Config, as_dict, flatten
 from reprotrain.seeding import seed_everything
@@ -40,13 +39,15 @@ from reprotrain.stopping import GracefulStop
 from reprotrain.timing import process_age_s
 from reprotrain.tracking import (
     NoRun,
-    TrackingWorker,
+    RunSpec,
+    TrackedRun,
+    as_mlflow_datasets,
     check_store,
-    discard_early,
     redact,
-    take_worker,
+    run_status,
     where_to_look,
 )
+from reprotrain.trainer import TIMING_KEYS, Fitted, Trainer
 
 
 def run(config: Config, runtime: str = "local", varied: list[str] | None = None) -> dict[str, Any]:
@@ -64,7 +65,8 @@ def run(config: Config, runtime: str = "local", varied: list[str] | None = None)
     claimed = claim(out_dir, "train.output_dir") if group.main else contextlib.nullcontext()
     try:
         with claimed:
-            return train_into(config, device, out_dir, runtime, varied or [], group)
+            job = Job(config, device, out_dir, runtime, varied or [])
+            return train(job, group)
     finally:
         distributed.leave(group)
 
@@ -83,171 +85,132 @@ def place(config: Config) -> torch.device:
     return resolve_device(config.device.type, config.device.index)
 
 
-def train_into(
-    config: Config,
-    device: torch.device,
-    out_dir: Path,
-    runtime: str,
-    varied: list[str],
-    group: distributed.Group = distributed.SINGLE,
-) -> dict[str, Any]:
-    """Seed, build, check the store, train and finish: `run` after its checks."""
+def train(job: Job, group: distributed.Group = distributed.SINGLE) -> dict[str, Any]:
+    """Seed, build, open the run, train and finish: `run` after its checks."""
+    config, device = job.config, job.device
     set_threads(config.train.threads)
     seed_everything(config.train.seed, config.train.deterministic, device)
     uri = config.tracking.uri or default_tracking_uri()
-    tracking = config.tracking.enabled and group.main
-    if tracking:
+    job.tracking_uri = uri if config.tracking.enabled and group.main else None
+    if job.tracking_uri:
         check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
-    # The MLflow run is kept by a process of its own (tracking/worker.py), started before
-    # torch was imported: it opens the store now, on another core, while this one builds.
-    worker = take_worker(uri, config.tracking.log_model) if tracking else None
-    if worker is None:
-        discard_early()
-    try:
-        return train_with(config, device, out_dir, runtime, varied, group, uri, worker)
-    finally:
-        if worker is not None:
-            worker.close()  # a run it holds that was not ended here ends KILLED
-
-
-def train_with(
-    config: Config,
-    device: torch.device,
-    out_dir: Path,
-    runtime: str,
-    varied: list[str],
-    group: distributed.Group,
-    uri: str,
-    worker: TrackingWorker | None,
-) -> dict[str, Any]:
-    """Build, train and finish, recording through `worker` (None: nothing recorded)."""
-    tracking = worker is not None
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
     resume_from = load_resume_point(config)
-    # The resumed run's status, checked before any step, not after the first flush: the
-    # worker reads it while this process builds.
-    asked = worker.run_status(resume_from["run_id"]) if resume_from and worker else None
+    status = resumed_status(config, resume_from, uri) if resume_from and job.tracking_uri else None
+    job.pieces = build_pieces(config, device)
+    job.example = check_fit(job.pieces.model, job.pieces.loss_fn, job.pieces.splits, device)
+    trainer = make_trainer(job, group, resume_from)
+    total = config.train.steps or config.train.epochs * trainer.epoch_length
+    finishing = resume_from is not None and trainer.step >= total
+    if finishing and status == "FINISHED":
+        raise already_finished(config, resume_from, status)
+    job.info = describe_device(device)
+    job.startup_s = process_age_s()  # process start to first step
+    with open_run(job, group, resume_from) as recorder:
+        fitted = (
+            finished_fit(trainer, total) if finishing else fit(job, trainer, recorder, stop, total)
+        )
+        if not group.main:
+            return {}
+        result = finish(job, trainer, fitted, recorder)
+    if job.tracking_uri:
+        say_where(job, recorder, result["run_id"])
+    return result
+
+
+def build_pieces(config: Config, device: torch.device) -> Pieces:
     try:
-        pieces = build(config, device)
+        return build(config, device)
     except (torch.OutOfMemoryError, RuntimeError) as error:
         if not is_out_of_memory(error):
             raise
         raise out_of_memory(device, config, None) from None
-    status = resumed_status(config, resume_from, asked(), worker.uri) if asked and worker else None
-    example = check_fit(pieces.model, pieces.loss_fn, pieces.splits, device)
+
+
+def make_trainer(job: Job, group: distributed.Group, resume_from: dict[str, Any] | None) -> Trainer:
+    """The Trainer on this rank's batches, at the checkpoint's step when resuming."""
+    config, device, pieces = job.config, job.device, job.pieces
     batches = make_batches(pieces.splits.train, config.train, device, group.rank, group.world_size)
-    total = config.train.steps or config.train.epochs * batches.batches_per_epoch
-    start, losses = restore(resume_from, pieces)
+    model = distributed.wrap(pieces.model, group, device)  # DDP under torchrun
+    trainer = Trainer(model, pieces, batches, device, config.train, group)
+    if resume_from is not None:
+        trainer.load_state_dict(resume_from["trainer"])
     if group.rank > 0:  # dropout draws its own masks on each rank, resumable from the step
-        torch.manual_seed(hash((config.train.seed, group.rank, start)) % 2**63)
-    trained = distributed.wrap(pieces.model, group, device)  # DDP under torchrun
-    finishing = resume_from is not None and start >= total
-    if finishing and status == "FINISHED":
-        raise already_finished(config, resume_from, status)
-    info = describe_device(device)
-    startup_s = process_age_s()  # process start to first step
-    tracker = (
-        worker.open(
-            config.tracking.experiment,
-            run_name(config, pieces, device, varied),
-            {
-                **info.as_tags(),
-                **run_tags(config, pieces, runtime),
-                **distributed_tags(config, group),
-            },
-            flatten(as_dict(config)),
-            config.tracking.flush_every_s,
-            resume_run_id=resume_from["run_id"] if resume_from else "",
-            spool_dir=out_dir / "spool",
-            checkpoint_dir=Path(config.train.checkpoint_dir).resolve(),
-        )
-        if worker is not None
-        else NoRun()
+        torch.manual_seed(hash((config.train.seed, group.rank, trainer.step)) % 2**63)
+    return trainer
+
+
+def open_run(job: Job, group: distributed.Group, resume_from: dict[str, Any] | None) -> Any:
+    """This process's MLflow run (rank 0 under torchrun), or NoRun with tracking off."""
+    if job.tracking_uri is None:
+        return NoRun()
+    config, pieces = job.config, job.pieces
+    spec = RunSpec(
+        config.tracking.experiment,
+        run_name(config, pieces, job.device, job.varied),
+        {
+            **job.info.as_tags(),
+            **run_tags(config, pieces, job.runtime),
+            **distributed_tags(config, group),
+        },
+        flatten(as_dict(config)),
+        resume_run_id=resume_from["run_id"] if resume_from else "",
+        checkpoint_dir=Path(config.train.checkpoint_dir).resolve(),
     )
-    with tracker as tracked:
+    return TrackedRun(
+        job.tracking_uri,
+        spec,
+        flush_every_s=config.tracking.flush_every_s,
+        spool_dir=job.out_dir / "spool",
+        system_metrics=config.tracking.system_metrics,
+    )
 
-        def save(
-            step: int,
-            losses_so_far: list[float],
-            window: list[float],
-            timings: dict[str, float] | None = None,
-        ) -> None:
-            save_checkpoint(
-                checkpoint_path(config.train.checkpoint_dir, tracked.run_id),
-                step=step,
-                model=pieces.model,
-                optimizer=pieces.optimizer,
-                scheduler=pieces.scheduler,
-                losses=losses_so_far,
-                run_id=tracked.run_id,
-                fingerprint=fingerprint(config),
-                unsent=tracked.unsent(),
-                window=window,
-                timings=timings,
-            )
 
-        if resume_from:  # what the stopped try had not sent; those it had are not sent again
-            tracked.resend(resume_from.get("unsent", []))
-        if finishing:  # killed during its final phase: finish it without training again
-            fitted = finished_fit(resume_from, total)
-        else:
-            try:
-                fitted = fit(
-                    trained,
-                    batches,
-                    pieces.loss_fn,
-                    pieces.optimizer,
-                    device=device,
-                    train=config.train,
-                    recorder=tracked,
-                    scheduler=pieces.scheduler,
-                    scheduler_interval=pieces.scheduler_interval,
-                    total=total,
-                    start=start,
-                    losses=losses,
-                    save=save if group.main else None,
-                    stop=stop,
-                    loss_every=config.tracking.loss_every,
-                    window_values=resume_from.get("window") if resume_from else None,
-                    group=group,
-                )
-            except (torch.OutOfMemoryError, RuntimeError) as error:
-                if is_out_of_memory(error):
-                    raise out_of_memory(device, config, pieces) from None
-                if group.active and distributed.collective_failed(error):
-                    # torchrun now sends SIGTERM to the ranks left: this one ends FAILED first.
-                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                    raise distributed.lost_rank(group, error) from None
-                raise
-            if not group.main:
-                return {}
-            save(total, fitted.losses, [], fitted.timings)  # the final phase restarts here
-        result = finish(
-            config,
-            pieces,
-            fitted,
-            tracked,
-            device,
-            info,
-            example,
-            out_dir,
-            total,
-            startup_s,
-            uri if config.tracking.enabled else None,
+def fit(job: Job, trainer: Trainer, recorder: Any, stop: GracefulStop, total: int) -> Fitted:
+    """Train to `total`, checkpointing (rank 0) as train.checkpoint_* say."""
+    config, group = job.config, trainer.group
+    recorder.log_inputs(as_mlflow_datasets(job.pieces.splits, *dataset_source(config)))
+    path = checkpoint_path(config.train.checkpoint_dir, recorder.run_id)
+    model_class = class_name(job.pieces.model)
+
+    def save(at: Trainer) -> None:
+        state = at.state_dict()
+        save_checkpoint(
+            path,
+            state,
+            run_id=recorder.run_id,
+            fingerprint=fingerprint(config),
+            model_class=model_class,
         )
-    if tracking:
-        where = (
-            f"its record waits in {tracker.waiting} (python -m reprotrain.replay sends it)"
-            if tracker.waiting
-            else where_to_look(uri, tracker.experiment_id, result["run_id"])
-        )
-        print(
-            f"reprotrain: run {result['run_id']} FINISHED in experiment "
-            f"{config.tracking.experiment!r}; outputs in {out_dir}; {where}",
-            file=sys.stderr,
-            flush=True,
-        )
-    return result
+
+    try:
+        fitted = trainer.fit(total, recorder, save, stop, config.tracking.loss_every)
+    except (torch.OutOfMemoryError, RuntimeError) as error:
+        if is_out_of_memory(error):
+            raise out_of_memory(job.device, config, job.pieces) from None
+        if group.active and distributed.collective_failed(error):
+            # torchrun now sends SIGTERM to the ranks left: this one ends FAILED first.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            raise distributed.lost_rank(group, error) from None
+        raise
+    if group.main:
+        recorder.flush()
+        save(trainer)  # the last step's, with the timings: the final phase restarts here
+    return fitted
+
+
+def say_where(job: Job, recorder: Any, run_id: str) -> None:
+    where = (
+        f"its record waits in {recorder.waiting} (python -m reprotrain.replay sends it)"
+        if recorder.waiting
+        else where_to_look(job.tracking_uri or "", recorder.experiment_id, run_id)
+    )
+    print(
+        f"reprotrain: run {run_id} FINISHED in experiment {job.config.tracking.experiment!r}; "
+        f"outputs in {job.out_dir}; {where}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def distributed_tags(config: Config, group: distributed.Group) -> dict[str, str]:
@@ -262,9 +225,9 @@ def distributed_tags(config: Config, group: distributed.Group) -> dict[str, str]
     }
 
 
-def resumed_status(config: Config, state: dict[str, Any], status: str | None, uri: str) -> str:
-    """The status of the run a checkpoint belongs to (None: not in the store at `uri`),
-    which must be in this store."""
+def resumed_status(config: Config, state: dict[str, Any], uri: str) -> str:
+    """The status of the run a checkpoint belongs to, which must be in this store."""
+    status = run_status(uri, state["run_id"])
     if status is None:
         raise TrackingError(
             f"train.resume={config.train.resume!r}: its run {state['run_id']} is not in the "
@@ -274,30 +237,15 @@ def resumed_status(config: Config, state: dict[str, Any], status: str | None, ur
     return status
 
 
-def finished_fit(state: dict[str, Any], total: int) -> Fitted:
+def finished_fit(trainer: Trainer, total: int) -> Fitted:
     """What fit() left, from the last step's checkpoint: a run killed after training."""
-    losses = list(state["losses"])
-    timings = state.get("timings") or {}  # a checkpoint written at a stop has none
+    timings = trainer.timings or {}  # a checkpoint written at a stop has none
     return Fitted(
         list(range(1, total + 1)),
-        losses,
+        trainer.losses,
         {key: float(timings.get(key, float("nan"))) for key in TIMING_KEYS},
-        int(np.sum(~np.isfinite(np.asarray(losses, dtype=np.float64)))),
+        len(trainer.nonfinite),
     )
-
-
-def restore(state: dict[str, Any] | None, pieces: Pieces) -> tuple[int, list[float]]:
-    """Load a checkpoint into the model, optimizer and scheduler; return (step, losses so far)."""
-    if state is None:
-        return 0, []
-    pieces.model.load_state_dict(state["model"])
-    pieces.optimizer.load_state_dict(state["optimizer"])
-    if pieces.scheduler is not None and state.get("scheduler") is not None:
-        pieces.scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return state["step"], list(state["losses"])
 
 
 def out_of_memory(device: torch.device, config: Config, pieces: Pieces | None) -> DeviceError:

@@ -1,22 +1,22 @@
 """The MLflow record of a run, through MLflow's public API only.
 
-recorder.py     the interface the loop records through (Recorder), NoRun, MetricBuffer,
+recorder.py     the interface the Trainer records through (Recorder), NoRun,
                 end_status / describe_error (how a run's end maps to its MLflow status)
-mlflow_run.py   TrackedRun: one MLflow run, metrics sent in batches with log_batch
-worker.py       TrackingWorker / WorkerRun: the TrackedRun kept by a process of its own
-                (start_early, take_worker, discard_early)
+mlflow_run.py   TrackedRun: this process's active MLflow run; points sent off the loop,
+                system metrics, dataset inputs
 mlflow_model.py the run's MLflow Model (mlflow.pytorch.log_model), with its code
+datasets.py     the training and validation data as MLflow datasets (mlflow.log_input)
 store.py        check_store, prepare_store, ensure_experiment, run_status, redact
 spool.py        what a store that is away, locked or gone did not take, kept to send later
 orphans.py      who owns a run (host, PID, container); runs left RUNNING by a gone process
 """
 
+from reprotrain.tracking.datasets import as_mlflow_datasets
 from reprotrain.tracking.mlflow_model import log_pytorch_model
-from reprotrain.tracking.mlflow_run import RUN_ID_ENV, TrackedRun
+from reprotrain.tracking.mlflow_run import RUN_ID_ENV, RunSpec, TrackedRun
 from reprotrain.tracking.orphans import Orphan, end_orphans, owner_tags, sweep
 from reprotrain.tracking.recorder import (
     MAX_BATCH,
-    MetricBuffer,
     NoRun,
     Point,
     Recorder,
@@ -35,32 +35,23 @@ from reprotrain.tracking.store import (
     run_status,
     where_to_look,
 )
-from reprotrain.tracking.worker import (
-    TrackingWorker,
-    WorkerRun,
-    discard_early,
-    start_early,
-    take_worker,
-)
 
 __all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
     "MAX_BATCH",
     "RUN_ID_ENV",
-    "MetricBuffer",
     "NoRun",
     "Orphan",
     "Point",
     "Recorder",
+    "RunSpec",
     "Spool",
     "TrackedRun",
-    "TrackingWorker",
-    "WorkerRun",
     "artifact_location",
+    "as_mlflow_datasets",
     "check_store",
     "describe_error",
-    "discard_early",
     "end_orphans",
     "end_status",
     "ensure_experiment",
@@ -70,8 +61,6 @@ __all__ = [
     "prepare_store",
     "redact",
     "run_status",
-    "start_early",
     "sweep",
-    "take_worker",
     "where_to_look",
 ]

@@ -1,6 +1,6 @@
 """An MLflow Model for a run, loadable with `mlflow.pytorch.load_model("runs:/<id>/model")`.
 
-    info = log_pytorch_model(uri, run_id, model, inputs[:4], registered_name=None)
+    info = log_pytorch_model(model, inputs[:4], registered_name=None)   # to the active run
 
 The model is saved with torch.export (MLflow's default "pt2" format): the traced graph and
 its weights, loaded without the model's Python class and without unpickling code. A model
@@ -9,8 +9,6 @@ which imports the model's classes when loaded. Either way the MLflow Model carri
 of every class it uses that is not an installed package (`code_paths`: MLflow copies it into
 the model's `code/` folder and puts that folder first on `sys.path` when it loads the model),
 so a model whose class lives in the user's project folder loads from anywhere.
-
-MLflow and torch are imported here when a model is logged, not when reprotrain starts.
 """
 
 from __future__ import annotations
@@ -21,13 +19,14 @@ import site
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import mlflow
 import numpy as np
+import torch
+from mlflow.models import infer_signature
 
 from reprotrain.tracking.spool import is_unreachable
 
@@ -35,16 +34,13 @@ MODEL_NAME = "model"  # the artifact path: runs:/<run id>/model
 EXAMPLE_ROWS = 4  # rows of the input example kept in the MLflow Model
 
 
-def log_pytorch_model(
-    uri: str, run_id: str, model: Any, input_example: Any, registered_name: str | None = None
-) -> Any:
-    """Log `model` (a torch.nn.Module) as run `run_id`'s MLflow Model under `model`, with a
+def log_pytorch_model(model: Any, input_example: Any, registered_name: str | None = None) -> Any:
+    """Log `model` (a torch.nn.Module) as the active run's MLflow Model under `model`, with a
     signature inferred from `input_example` (a batch of inputs) and the model's output;
     register it as a new version of `registered_name` if given. Returns MLflow's ModelInfo."""
-    import mlflow
-    import mlflow.pytorch
-    import torch
-    from mlflow.models import infer_signature
+    # Imported once a model is logged, after the last step: where Lightning is installed,
+    # importing mlflow.pytorch imports it too (its autologging), seconds no step should wait.
+    import mlflow.pytorch  # noqa: PLC0415
 
     # A CPU copy in eval mode: loadable on any machine, and the caller's model is untouched.
     snapshot = copy.deepcopy(model).to("cpu").eval()
@@ -69,77 +65,26 @@ def log_pytorch_model(
                 serialization_format=serialization_format,
             )
 
-        with active_run(uri, run_id):
-            try:
-                return log("pt2")
-            except Exception as error:
-                if is_unreachable(error):  # the store, not the model: nothing to retry here
-                    raise
-                _drop_failed_model(mlflow, run_id)  # torch.export could not trace the model
-                print(
-                    f"reprotrain: warning: torch.export could not trace "
-                    f"{type(model).__name__} ({str(error).splitlines()[0][:200]}); its MLflow "
-                    "Model is saved with pickle and the code it imports",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return log("pickle")
+        try:
+            return log("pt2")
+        except Exception as error:
+            if is_unreachable(error):  # the store, not the model: nothing to retry here
+                raise
+            _drop_failed_model()  # torch.export could not trace the model
+            print(
+                f"reprotrain: warning: torch.export could not trace "
+                f"{type(model).__name__} ({str(error).splitlines()[0][:200]}); its MLflow "
+                "Model is saved with pickle and the code it imports",
+                file=sys.stderr,
+                flush=True,
+            )
+            return log("pickle")
 
 
 def pinned_requirements() -> list[str]:
-    """Explicit pins: otherwise MLflow spends seconds inferring requirements by importing the
-    model. A local version label (2.13.0+cpu) is dropped: it names a wheel index, not code."""
-    import mlflow
-    import torch
-
+    """Explicit pins: otherwise MLflow infers the requirements by importing the model. A local
+    version label (2.13.0+cpu) is dropped: it names a wheel index, not code."""
     return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
-
-
-def stand_in_export(folder: Path) -> None:
-    """Save a two-weight stand-in model into `folder` the way log_pytorch_model logs a run's
-    (torch.export, a signature, an input example), touching no store: the first export of a
-    process loads the machinery of torch.export and of MLflow's model format (~2 s here), so
-    that the run's own export, after it, takes a fraction of that."""
-    import mlflow.pytorch
-    import torch
-    from mlflow.models import infer_signature
-
-    model = torch.nn.Linear(2, 2).eval()
-    example = np.zeros((2, 2), dtype=np.float32)
-    with torch.no_grad():
-        output = model(torch.from_numpy(example)).numpy()
-    mlflow.pytorch.save_model(
-        model,
-        str(folder),
-        signature=infer_signature(example, output),
-        input_example=example,
-        pip_requirements=pinned_requirements(),
-        serialization_format="pt2",
-    )
-
-
-@contextmanager
-def active_run(uri: str, run_id: str) -> Iterator[None]:
-    """Make `run_id` on `uri` MLflow's active run for its fluent calls (mlflow.pytorch.log_model
-    has no client argument), then put MLflow's global state back: the tracking URI as it was
-    (set or not), and no active run of ours.
-
-    `with mlflow.start_run(run_id=...)` would end the run FINISHED on the way out, while it is
-    still training; `end_run(status="RUNNING")` takes it off MLflow's stack and leaves it
-    RUNNING (MLflow also stamps an end time, which the run's real end replaces).
-    """
-    import mlflow
-
-    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
-    mlflow.set_tracking_uri(uri)
-    try:
-        mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
-        try:
-            yield
-        finally:
-            mlflow.end_run(status="RUNNING")
-    finally:
-        mlflow.set_tracking_uri(previous)  # None unsets it (and MLFLOW_TRACKING_URI)
 
 
 def example_batch(input_example: Any) -> np.ndarray:
@@ -223,9 +168,14 @@ def logged_model_of(client: Any, run_id: str) -> Any:
     return ready
 
 
-def _drop_failed_model(mlflow: ModuleType, run_id: str) -> None:
+def _drop_failed_model() -> None:
     """Remove the LoggedModel entry a failed attempt left (status FAILED), so the run lists
     only the model that was saved."""
-    failed = mlflow.last_logged_model()
-    if failed is not None and failed.source_run_id == run_id and failed.status == "FAILED":
+    failed, run = mlflow.last_logged_model(), mlflow.active_run()
+    if (
+        failed is not None
+        and run is not None
+        and failed.source_run_id == run.info.run_id
+        and failed.status == "FAILED"
+    ):
         mlflow.MlflowClient().delete_logged_model(failed.model_id)
