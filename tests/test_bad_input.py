@@ -3,6 +3,9 @@ left RUNNING, no output written."""
 
 from __future__ import annotations
 
+import os
+import re
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,6 +42,12 @@ CASES = {
         "optimizer.momentum=0.9 is not a parameter of torch.optim.AdamW",
     ),
     "unknown key": (["nosuchkey=1"], "'nosuchkey' is not a config key"),
+    "added key that exists": (["+train.steps=5"], "'train.steps' is already a config key"),
+    "unknown launcher": (["hydra/launcher=nosuch"], "hydra/launcher='nosuch' is not an option"),
+    "hydra setting of the wrong type": (
+        ["hydra.job.chdir=maybe"],
+        "Error merging override hydra.job.chdir=maybe; Value 'maybe' is not a valid bool",
+    ),
     "sweep without multirun": (["optimizer=adamw,sgd"], "add --multirun"),
     "unparsable override": (["train.steps=["], "cannot parse the override"),
     "bad betas": (["optimizer.betas=[0.9]"], "optimizer.betas=[0.9] is out of range"),
@@ -161,6 +170,86 @@ def test_full_traceback_on_request(tmp_path: Path, store: Store) -> None:
         env=child_env(HYDRA_FULL_ERROR="1"),
     )
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+# Every kind of tracking URI MLflow cannot use ({tmp}: the test's folder, with notes.db in it).
+URI_CASES = {
+    "unknown scheme": ("foo://x", "tracking.uri='foo://x': MLflow cannot use this store"),
+    "sqlite with two slashes": ("sqlite://relative.db", "names no sqlite file"),
+    "sqlite in memory": ("sqlite:///:memory:", "is a database in memory"),
+    "sqlite folder missing": ("sqlite:////nonexistent-dir/x.db", "does not exist"),
+    "sqlite file is a folder": ("sqlite:///{tmp}", "is a folder, not a database file"),
+    "sqlite file is not a database": ("sqlite:///{tmp}/notes.db", "file is not a database"),
+    "nothing listening": ("http://127.0.0.1:1", "did not answer within"),
+    "empty": ("''", "tracking.uri='' names no store"),
+    "a folder": ("{tmp}", "plain file stores are not supported"),
+    "databricks without credentials": ("databricks", "Databricks credential configuration"),
+    "database not answering": (
+        "postgresql://reprotrain:secret@127.0.0.1:1/mlflow",
+        "tracking store postgresql://reprotrain:***@127.0.0.1:1/mlflow did not answer within",
+    ),
+    "database driver missing": (
+        "mysql://reprotrain:secret@127.0.0.1:1/mlflow",
+        "the database driver is not installed",
+    ),
+}
+
+
+def no_databricks_credentials(home: Path) -> dict[str, str]:
+    """The environment of a machine without Databricks credentials (none in env or HOME)."""
+    env = {k: v for k, v in child_env().items() if not k.startswith("DATABRICKS_")}
+    return {**env, "HOME": str(home), "DATABRICKS_CONFIG_FILE": str(home / "no-databrickscfg")}
+
+
+def assert_refused_before_any_step(
+    result: Exited | subprocess.CompletedProcess, expected: str, store: Store, tmp: Path
+) -> None:
+    assert_clean_failure(result, expected, store)
+    assert not re.search(r"^step \d", result.stderr, re.MULTILINE), result.stderr[-3000:]
+    assert "secret" not in result.stderr  # a password in the URI is never shown
+    assert_nothing_written(tmp)
+
+
+@pytest.mark.parametrize("uri,expected", URI_CASES.values(), ids=URI_CASES.keys())
+def test_bad_tracking_uri_is_one_line_before_any_step(
+    tmp_path: Path, store: Store, app_in_process, monkeypatch, uri: str, expected: str
+) -> None:
+    for name in [k for k in os.environ if k.startswith("DATABRICKS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "no-databrickscfg"))
+    (tmp_path / "notes.db").write_text("not a database\n")
+    result = smoke_here(app_in_process, tmp_path, store, f"tracking.uri={uri.format(tmp=tmp_path)}")
+    assert_refused_before_any_step(result, expected, store, tmp_path)
+
+
+def test_store_of_another_mlflow_schema_is_one_line_naming_the_upgrade(
+    tmp_path: Path, store: Store
+) -> None:
+    store.client.search_experiments()  # a store of this MLflow, then marked as an older one's
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE alembic_version SET version_num = '451aebb31d03'")
+    # A child process: this one keeps the store MLflow opened above (MLflow caches it).
+    result = train(tmp_path, store, "experiment=smoke", check=False, timeout=120)
+    assert_refused_before_any_step(result, "Detected out-of-date database schema", store, tmp_path)
+    assert f"mlflow db upgrade {store.uri}" in result.stderr
+
+
+@pytest.mark.parametrize("uri", ["foo://x", "databricks"])
+def test_bad_tracking_uri_ends_the_process_with_one_line(
+    tmp_path: Path, store: Store, uri: str
+) -> None:
+    result = train(
+        tmp_path,
+        store,
+        "experiment=smoke",
+        f"tracking.uri={uri}",
+        check=False,
+        timeout=120,
+        env=no_databricks_credentials(tmp_path),
+    )
+    expected = f"tracking.uri={uri!r}: MLflow cannot use this store"
+    assert_refused_before_any_step(result, expected, store, tmp_path)
 
 
 ENVIRONMENT_CASES = {

@@ -93,6 +93,49 @@ def test_user_model_and_data_from_the_project_folder_load_back_through_mlflow(
     assert float(result.stdout.strip().splitlines()[-1]) == pytest.approx(recorded, abs=1e-6)
 
 
+def test_user_code_logs_to_the_runs_own_mlflow_run(tmp_path: Path, store: Store) -> None:
+    """The MLflow run is the training process's active run: a user's model calling plain
+    mlflow.log_metric / log_text in forward() records into the same run, beside reprotrain's."""
+    project = user_project(tmp_path)
+    train(
+        project,
+        store,
+        f"hydra.searchpath=[file://{project / 'my_conf'}]",
+        "model=logging",
+        "data=blobs",
+        "train.steps=30",
+    )
+    run = store.only_run()
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    calls = store.client.get_metric_history(run_id, "user/forward_calls")
+    assert [(m.step, m.value) for m in calls] == [(10, 10.0), (20, 20.0), (30, 30.0)]
+    assert len(store.losses(run_id)) == 30  # reprotrain's own points, in the same run
+    saved = store.client.download_artifacts(run_id, "user/run_id.txt", str(tmp_path))
+    assert Path(saved).read_text() == run_id
+
+
+def test_a_model_mlflow_cannot_log_is_a_warning_and_a_tag_not_a_lost_run(
+    tmp_path: Path, store: Store
+) -> None:
+    project = user_project(tmp_path)
+    result = train(
+        project,
+        store,
+        f"hydra.searchpath=[file://{project / 'my_conf'}]",
+        "model=uncopyable",
+        "data=blobs",
+        "train.steps=10",
+        "tracking.log_model=true",
+    )
+    run = store.only_run()
+    assert run.info.status == "FINISHED" and len(store.losses(run.info.run_id)) == 10
+    reason = "TypeError: UncopyableNet holds a handle that cannot be copied"
+    assert run.data.tags["reprotrain.model_error"] == reason
+    assert f"the MLflow Model of run {run.info.run_id} was not logged: {reason}" in result.stderr
+    assert (tmp_path / "results" / "model.pt").is_file() and "Traceback" not in result.stderr
+
+
 def test_config_dir_of_the_user(tmp_path: Path, store: Store) -> None:
     """--config-dir: the user's folder is searched first; reprotrain's conf/ supplies the rest."""
     project = user_project(tmp_path)
@@ -247,7 +290,7 @@ def test_evaluate_rebuilds_any_model_from_model_pt(tmp_path: Path, store: Store)
     evaluated = json.loads((tmp_path / "eval" / "eval.json").read_text())
     recorded = json.loads((tmp_path / "results" / "metrics.json").read_text())
     assert evaluated["eval_accuracy"] == pytest.approx(recorded["val_accuracy"], abs=1e-9)
-    assert store.only_run().data.metrics["eval/accuracy"] == pytest.approx(recorded["val_accuracy"])
+    assert store.only_run().data.metrics["val/eval_accuracy"] == pytest.approx(recorded["val_accuracy"])
 
 
 BAD = {

@@ -102,7 +102,7 @@ def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path:
     run = store.only_run()
     assert run.info.status == "FINISHED" and "error" not in run.data.tags
     assert steps_recorded(store, run_id) == list(range(1, 1501))  # each step exactly once
-    windows = steps_recorded(store, run_id, "time/step_ms")
+    windows = steps_recorded(store, run_id, "train/step_ms")
     assert len(windows) == len(set(windows))  # no window's point twice either
     csv_losses = (tmp_path / "results" / "loss.csv").read_text().splitlines()[1:]
     assert [float(line.split(",")[1]) for line in csv_losses] == pytest.approx(

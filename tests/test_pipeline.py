@@ -45,7 +45,7 @@ def test_repro_runs_once_then_is_a_no_op(reproduced: Reproduced) -> None:
     assert tags["git.dirty"] == "false"  # dvc.lock and outputs changing during repro don't count
     metrics = json.loads((repo / "results" / "metrics.json").read_text())
     assert metrics["run_id"] == run.info.run_id
-    assert "eval/accuracy" in store.client.get_run(run.info.run_id).data.metrics
+    assert "val/eval_accuracy" in store.client.get_run(run.info.run_id).data.metrics
 
     second = sh(repo, "dvc", "repro")
     assert "Data and pipelines are up to date" in second.stdout
@@ -136,7 +136,7 @@ def test_cnn_on_digit_images_through_the_whole_pipeline(repo: Path) -> None:
     evaluated = json.loads((repo / "results" / "eval.json").read_text())
     trained = json.loads((repo / "results" / "metrics.json").read_text())
     assert evaluated["eval_accuracy"] == pytest.approx(trained["val_accuracy"], abs=1e-9)
-    assert run.data.metrics["eval/accuracy"] == pytest.approx(trained["val_accuracy"])
+    assert run.data.metrics["val/eval_accuracy"] == pytest.approx(trained["val_accuracy"])
 
 
 def test_direct_run_after_repro_leaves_the_pipeline_clean(reproduced_copy: Path) -> None:

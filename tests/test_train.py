@@ -72,28 +72,28 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
     assert run.info.run_name == "mlp-adamw-cpu"
     assert tags["cuda.version"] == "none" or tags["cuda.version"][0].isdigit()
     assert [step for step, _ in store.losses(run.info.run_id)] == list(range(1, SMOKE_STEPS + 1))
-    step_ms = store.client.get_metric_history(run.info.run_id, "time/step_ms")
+    step_ms = store.client.get_metric_history(run.info.run_id, "train/step_ms")
     assert sorted(m.step for m in step_ms) == list(range(5, SMOKE_STEPS + 1, 5))  # per log window
     for key in (
-        "time/data_to_device_ms",
-        "time/forward_ms",
-        "time/backward_ms",
-        "time/optimizer_ms",
-        "time/total_s",
-        "time/startup_s",
-        "throughput/samples_per_s",
+        "time.data_to_device_ms",
+        "time.forward_ms",
+        "time.backward_ms",
+        "time.optimizer_ms",
+        "time.total_s",
+        "time.startup_s",
+        "throughput.samples_per_s",
         "val/loss",
         "val/accuracy",
-        "memory/peak_rss_mb",
-        "time/tracking_s",
-        "time/checkpoint_s",
-        "time/outputs_s",
-        "train/final_loss",
+        "memory.peak_rss_mb",
+        "time.tracking_s",
+        "time.checkpoint_s",
+        "time.outputs_s",
+        "train.final_loss",
         "model.parameters",
     ):
         assert key in run.data.metrics, key
     assert run.data.metrics["model.parameters"] == MLP_PARAMETERS
-    assert run.data.metrics["train/final_loss"] == store.losses(run.info.run_id)[-1][1]
+    assert run.data.metrics["train.final_loss"] == store.losses(run.info.run_id)[-1][1]
     params = run.data.params  # the resolved config, flattened
     assert params["optimizer._target_"] == "torch.optim.AdamW"
     assert float(params["optimizer.lr"]) == 1e-3
@@ -262,7 +262,8 @@ def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -
     experiment_id = store.only_run().info.experiment_id
     assert f"run {run_id} FINISHED in experiment 'reprotrain'" in result.stderr
     assert f"mlflow ui --backend-store-uri {store.uri}" in result.stderr
-    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}" in result.stderr
+    link = f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}"
+    assert f"{link}?workflowType=machine_learning" in result.stderr
     checkpoints = list((tmp_path / "outputs" / "checkpoints").iterdir())
     assert [p.name for p in checkpoints] == [f"{run_id}.pt"]
     state = torch.load(checkpoints[0], weights_only=True)
@@ -389,7 +390,7 @@ def test_nonfinite_warn_records_the_nan_steps_and_finishes(tmp_path: Path, store
     losses = [value for _, value in store.losses(run.info.run_id)]
     assert len(losses) == SMOKE_STEPS  # every step logged, the NaN ones included
     nan_steps = sum(value != value for value in losses)
-    assert nan_steps > 0 and run.data.metrics["train/nonfinite_steps"] == nan_steps
+    assert nan_steps > 0 and run.data.metrics["train.nonfinite_steps"] == nan_steps
     metrics = json.loads((tmp_path / "results" / "run.json").read_text())  # strict JSON
     assert metrics["nonfinite_steps"] == nan_steps and metrics["final_loss"] is None
 
@@ -435,7 +436,7 @@ os._exit(0)
 
 
 def test_process_age_counts_from_the_process_start() -> None:
-    """`time/startup_s` and `time/total_s` are the process's age: at least what the process has
+    """`time.startup_s` and `time.total_s` are the process's age: at least what the process has
     run by its own clock, at most the time since it was spawned (one clock tick allowed, the
     kernel's unit for a start time). psutil's create_time() against the wall clock breaks the
     upper bound by the fraction of a second it drops from the boot time. The probe names

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 USER_MODELS = '''
+import mlflow
 import torch
 from torch import nn
 
@@ -21,6 +22,30 @@ class TinyConvNet(nn.Module):
 
     def forward(self, x):
         return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+class LoggingNet(TinyConvNet):
+    """A user's model that logs to the MLflow run itself, as the README shows."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 1:
+                mlflow.log_text(mlflow.active_run().info.run_id, "user/run_id.txt")
+            if self.calls % 10 == 0:
+                mlflow.log_metric("user/forward_calls", self.calls, step=self.calls)
+        return super().forward(x)
+
+
+class UncopyableNet(TinyConvNet):
+    """A model MLflow cannot save (it cannot be copied, so no CPU snapshot can be made)."""
+
+    def __deepcopy__(self, memo):
+        raise TypeError("UncopyableNet holds a handle that cannot be copied")
 '''
 
 USER_DATA = '''
@@ -70,6 +95,8 @@ def user_project(folder: Path) -> Path:
     (conf / "model").mkdir(parents=True)
     (conf / "data").mkdir(parents=True)
     (conf / "model" / "tiny.yaml").write_text("_target_: my_project.models.TinyConvNet\nwidth: 8\n")
+    (conf / "model" / "logging.yaml").write_text("_target_: my_project.models.LoggingNet\n")
+    (conf / "model" / "uncopyable.yaml").write_text("_target_: my_project.models.UncopyableNet\n")
     (conf / "data" / "blobs.yaml").write_text(
         "_target_: my_project.data.blobs\ntrain_size: 256\nval_size: 64\nseed: 0\n"
     )

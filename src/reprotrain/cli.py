@@ -12,8 +12,6 @@ return the objective a sweeper optimises. `python -m reprotrain.train` runs `mai
 
 from __future__ import annotations
 
-import atexit
-import gc
 import signal
 import sys
 from pathlib import Path
@@ -84,13 +82,11 @@ def check_conf_digest(config: Config) -> None:
 
 
 def main() -> None:
-    # The interpreter's last full collection at exit walks every object torch, Hydra and
-    # MLflow made (~1-2 s here); frozen ones are left to the operating system. Registered
-    # first, so it runs after every other exit handler.
-    atexit.register(gc.freeze)
     put_project_on_path()
     argv = overrides.normalise(sys.argv[1:])
     try:
+        # Hydra's own composition errors as one line: a single run composed once (the app
+        # validates it), a sweep's every job composed and validated before the first starts.
         overrides.check(argv)
     except UserError as error:
         report_and_exit(error)

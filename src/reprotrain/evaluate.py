@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def add_to_training_run(train_metrics: Path, metrics: dict[str, float]) -> None:
-    """Record eval/* on the MLflow run that trained the model (when it was tracked)."""
+    """Record val/eval_loss and val/eval_accuracy on the MLflow run that trained the model
+    (when it was tracked): beside val/*, after train/* on the run page."""
     if not train_metrics.is_file():
         return
     info = json.loads(train_metrics.read_text())
@@ -118,7 +119,7 @@ def add_to_training_run(train_metrics: Path, metrics: dict[str, float]) -> None:
     client = MlflowClient(info.get("tracking_uri") or default_tracking_uri())
     for key in ("eval_loss", "eval_accuracy"):
         if metrics[key] == metrics[key]:  # NaN (no class labels) is not recorded
-            client.log_metric(info["run_id"], key.replace("_", "/", 1), metrics[key])
+            client.log_metric(info["run_id"], f"val/{key}", metrics[key])
 
 
 if __name__ == "__main__":

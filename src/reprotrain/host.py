@@ -1,5 +1,5 @@
 """Where this process runs: inside reprotrain's own image or not (no torch, no MLflow here:
-the tracking worker asks too)."""
+the launcher asks before it imports either)."""
 
 from __future__ import annotations
 

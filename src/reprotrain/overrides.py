@@ -1,8 +1,10 @@
 """Command-line overrides checked before Hydra starts any job.
 
 Hydra reports a bad override as several lines (or a traceback); reprotrain first checks
-the syntax, every group option, and every job of a sweep against the schema, so any
-mistake is one line and no job of a sweep starts when another would fail.
+the syntax and every group option, and composes what Hydra will compose, so any mistake
+is one line. A single run is composed once here and validated once, by the app itself
+(cli.py). A sweep (--multirun) has every job composed and validated against the schema
+here, so that no job of a sweep starts when another would fail.
 
 A sweep is what Hydra's sweepers read: the command line's overrides on top of the
 search space a config file sets under `hydra.sweeper.params` (`experiment=crossover`
@@ -96,7 +98,8 @@ def normalise(argv: list[str]) -> list[str]:
 
 
 def check(argv: list[str]) -> None:
-    """Raise ConfigError (one line) for the first override, group option or job that is wrong."""
+    """Raise ConfigError (one line) for the first override, group option or job that is wrong:
+    a single run's composition (the app validates it), or every job of a sweep."""
     if any(arg.split("=")[0] in _INFO_FLAGS for arg in argv):
         return
     flags, args = _split_flags(argv)
@@ -108,8 +111,6 @@ def check(argv: list[str]) -> None:
         or "-m" in flags
         or any(p.key_or_group == "hydra.mode" and p.value() == "MULTIRUN" for p in hydra_overrides)
     )
-    if multirun:
-        check_launcher(hydra_overrides)
     sweeps = [p for p in task if p.is_sweep_override()]
     if sweeps and not multirun:
         raise ConfigError(
@@ -117,12 +118,31 @@ def check(argv: list[str]) -> None:
             hint="add --multirun (or -m) to run one job per value",
         )
     register_resolvers()
-    with _configs(flags, hydra_overrides) as configs:
+    if multirun:
+        check_launcher(hydra_overrides)
+        check_sweep(flags, task, hydra_overrides)
+    else:
+        check_composes(flags, task, hydra_overrides)
+
+
+def check_composes(flags: dict[str, str], task: list[Override], hydra: list[Override]) -> None:
+    """A single run: its group options and Hydra's composition of it (Hydra's own settings
+    included), each error one line. Its schema is the app's to check, once (cli.py)."""
+    with _configs(flags, hydra) as configs:
+        searchpath = [p for p in hydra if p.get_key_element() == "hydra.searchpath"]
+        axes = configs.axes([*task, *(p for p in hydra if p not in searchpath)])
+        job = [axis.overrides[0] for axis in axes.values()]
+        given = {axis.group: axis.given for axis in axes.values()}
+        configs.compose(job, given, with_hydra=True)  # the search path is configs.search
+
+
+def check_sweep(flags: dict[str, str], task: list[Override], hydra: list[Override]) -> None:
+    """Every job of a sweep composed and validated before the first one starts."""
+    with _configs(flags, hydra) as configs:
+        # Hydra's sweepers take the config's search space, then the command line's
+        # overrides, which replace a key both give.
         axes = configs.axes(task)
-        if multirun:
-            # Hydra's sweepers take the config's search space, then the command line's
-            # overrides, which replace a key both give.
-            axes = {**configs.sweeper_params(axes, hydra_overrides), **axes}
+        axes = {**configs.sweeper_params(axes, hydra), **axes}
         given = {axis.group: axis.given for axis in axes.values()}
         swept = [axis.sweep for axis in axes.values()]
         for job in _jobs([axis.overrides for axis in axes.values()]):
@@ -391,7 +411,8 @@ def _jobs(axes: list[list[str]]) -> list[list[str]]:
 
 
 def _composition_error(error: Exception, job: list[str], given: dict[str, str]) -> ConfigError:
-    text = str(error)
+    # Hydra's "Error merging override a=b" keeps what was wrong with it in its cause.
+    text = "\n".join(str(e) for e in (error, error.__cause__) if e is not None)
     undeletable = re.search(r"Could not delete from config\. '([^']+)'", text)
     if undeletable:
         key = undeletable.group(1)
@@ -399,6 +420,14 @@ def _composition_error(error: Exception, job: list[str], given: dict[str, str]) 
             f"{key!r} cannot be deleted (given {given.get(key, repr('~' + key))}): "
             "it is not a config key, or its value is already null",
             hint="check the spelling; `python -m reprotrain.train --cfg job` lists every key",
+        )
+    taken = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if taken:
+        key = taken.group(1)
+        return ConfigError(
+            f"{key!r} is already a config key (given {given.get(key, repr('+' + key))}): "
+            "+ adds a new key only",
+            hint=f"drop the + ({key}=...), or write ++{key}=... to add or override it",
         )
     unknown = re.search(r"Could not override '([^']+)'", text)
     if unknown:
@@ -422,4 +451,8 @@ def _composition_error(error: Exception, job: list[str], given: dict[str, str]) 
         if line.strip()
         and not line.strip().startswith(("full_key", "object_type", "reference_type"))
     ]
-    return ConfigError("; ".join(lines[:3]) + f" (overrides: {' '.join(job) or 'none'})")
+    return ConfigError(
+        "; ".join(lines[:3]) + f" (overrides: {' '.join(job) or 'none'})",
+        hint="correct that override; `python -m reprotrain.train --cfg job` (or --cfg hydra) "
+        "prints every key with its value",
+    )

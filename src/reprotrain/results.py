@@ -108,25 +108,28 @@ def finish(job: Job, trainer: Trainer, fitted: Fitted, recorder: Any) -> dict[st
 
 
 def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """The MLflow names of the summary figures (also what train.objective picks from)."""
+    """The MLflow names of the end-of-run figures. MLflow's run page draws a chart per metric,
+    in sections named by what comes before the last `/`, sorted by name, and metrics with no
+    `/` in a last section: so the series are `train/*` and `val/*` (train/loss first), and
+    the one-point summaries, named with dots, come after them."""
     metrics = {
         "val/loss": result["val_loss"],
         "val/accuracy": result["val_accuracy"],
-        "train/final_loss": result["final_loss"],
-        "throughput/samples_per_s": result["samples_per_s"],
-        "time/step_ms_median": result["step_ms_median"],
-        "time/startup_s": result["startup_s"],
-        "time/total_s": result["total_s"],
-        "time/tracking_s": result["tracking_s"],
-        "time/checkpoint_s": result["checkpoint_s"],
-        "time/outputs_s": result["outputs_s"],
-        "memory/peak_rss_mb": result["peak_rss_mb"],
-        "train/nonfinite_steps": result["nonfinite_steps"],
+        "train.final_loss": result["final_loss"],
+        "train.nonfinite_steps": result["nonfinite_steps"],
+        "throughput.samples_per_s": result["samples_per_s"],
+        "time.step_ms_median": result["step_ms_median"],
+        "time.startup_s": result["startup_s"],
+        "time.total_s": result["total_s"],
+        "time.tracking_s": result["tracking_s"],
+        "time.checkpoint_s": result["checkpoint_s"],
+        "time.outputs_s": result["outputs_s"],
+        "memory.peak_rss_mb": result["peak_rss_mb"],
         "model.parameters": result["parameters"],
-        **{f"time/{phase}_ms": result[f"{phase}_ms_mean"] for phase in PHASES},
+        **{f"time.{phase}_ms": result[f"{phase}_ms_mean"] for phase in PHASES},
     }
     if "cuda_peak_mb" in result:
-        metrics["memory/cuda_peak_mb"] = result["cuda_peak_mb"]
+        metrics["memory.cuda_peak_mb"] = result["cuda_peak_mb"]
     return {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
 
 

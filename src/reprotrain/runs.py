@@ -4,10 +4,9 @@
     python -m reprotrain.runs --clean         # end the orphans KILLED; print how to resume each
     python -m reprotrain.runs --clean --tracking-uri http://host:5000 --experiment reprotrain
 
-A run whose training process and tracking worker were both killed outright (kill -9 of the
-process group, a power cut, a container killed) cannot end its own MLflow run, which stays
-RUNNING (a training process killed alone is ended KILLED by its worker). Every training run does this check for its own
-experiment when it opens; this command does it for every experiment of the store. A run is
+A run whose training process was killed outright (kill -9, the OOM killer, a power cut, a
+container killed) cannot end its own MLflow run, which stays RUNNING. Every training run
+does this check for its own experiment when it opens; this command does it for every experiment of the store. A run is
 ended only when its owner is provably gone (reprotrain.tracking.orphans): a live run, or one
 on another machine, is listed and left alone.
 """

@@ -4,7 +4,10 @@ Two kinds of section:
 
 - **Fixed sections** (`device`, `train`, `tracking`, `runtime`) are pydantic models below:
   a wrong type, an unknown key or an out-of-range value is one `ConfigError` line naming
-  the key, the value given and what is allowed. Each default sits next to its reason.
+  the key, the value given and what is allowed. A default is changed in conf/ (the YAML of
+  the section's default option, what `--cfg job` prints and DVC composes); the one here
+  must equal it (tests/test_config.py checks every key) and fills in a key that a config
+  recorded before the key existed lacks (`python -m reprotrain.reproduce`).
 - **`_target_` sections** (`model`, `data`, `loss`, `optimizer`, `scheduler`) name a Python
   callable, Hydra's convention (`hydra.utils.instantiate`). `check_target` imports it and
   binds the given keys to its signature, so a key the callable does not take, or a target
@@ -112,6 +115,7 @@ class TrackingConfig(Section):
     connect_timeout_s: Positive = 5.0
     loss_every: PositiveInt = 1  # train/loss points: every step (1) or the mean of N steps
     log_model: bool = True  # an MLflow Model under `model` (mlflow.pytorch.load_model)
+    system_metrics: bool = True  # MLflow's system/* metrics: CPU, memory, GPU (every 10 s)
     register_as: str | None = None  # also register that model under this name
 
 
@@ -181,6 +185,7 @@ def validate(cfg: DictConfig | dict) -> Config:
     config = Config(**sections, conf_digest=tree.get("conf_digest"))
     check_targets(config)
     _check_cross_field(config)
+    _check_tracking_uri(config.tracking)
     return config
 
 
@@ -410,6 +415,19 @@ def _allowed_text(detail: dict[str, Any]) -> str:
     if kind.startswith("string"):
         return "a string" + (f" matching {ctx['pattern']}" if "pattern" in ctx else "")
     return detail["msg"].lower()
+
+
+def _check_tracking_uri(tracking: TrackingConfig) -> None:
+    """A blank tracking.uri is no store: the runtimes read a false value as "the default one",
+    which would train into a store the user did not name. Every other URI is checked where it
+    is opened (tracking/store.py: check_store)."""
+    if tracking.uri is not None and not tracking.uri.strip():
+        raise ConfigError(
+            f"tracking.uri={tracking.uri!r} names no store; allowed: null (the default: "
+            "$MLFLOW_TRACKING_URI, else the project's mlflow.db) or a URI such as "
+            "sqlite:////abs/path/mlflow.db or http://host:port",
+            hint="drop the override (tracking.uri=null) or give a store's URI",
+        )
 
 
 def _check_cross_field(config: Config) -> None:

@@ -177,7 +177,7 @@ class Trainer:
     def checkpoint(
         self, recorder: Recorder, save: Callable[[Trainer], None] | None, window: Window
     ) -> float:
-        """Send what the run owes the store, then save: seconds it took (time/checkpoint_s)."""
+        """Send what the run owes the store, then save: seconds it took (time.checkpoint_s)."""
         if save is None or not self.group.main:
             return 0.0
         began = time.perf_counter()
@@ -230,7 +230,7 @@ class Trainer:
 class Window:
     """The bookkeeping of fit(): the losses of the steps since the last read, the phase times,
     the throughput clock (from the end of the warm-up) and the points each window logs:
-    `train/loss` every step (or the mean of each `tracking.loss_every` steps), `time/step_ms`
+    `train/loss` every step (or the mean of each `tracking.loss_every` steps), `train/step_ms`
     and `train/lr` once per window."""
 
     def __init__(self, trainer: Trainer, recorder: Recorder, total: int, loss_every: int) -> None:
@@ -272,7 +272,7 @@ class Window:
             self.summary.add(timed_step, phases)
         # One point per window (its mean): the end-of-run medians give the rest.
         self.recorder.log_metric(
-            "time/step_ms", float(np.mean([p["step"] for _, p in timed])), step
+            "train/step_ms", float(np.mean([p["step"] for _, p in timed])), step
         )
         if trainer.pieces.scheduler is not None:
             self.recorder.log_metric(
@@ -300,7 +300,7 @@ class Window:
 
     def timings(self, total: int) -> dict[str, float]:
         """Throughput over the measured steps, wall clock: it counts reading the losses and
-        handing them to the recorder, not the checkpoints (time/checkpoint_s)."""
+        handing them to the recorder, not the checkpoints (time.checkpoint_s)."""
         synchronize(self.trainer.device)  # sync point: all queued work is done
         elapsed = time.perf_counter() - (self.measure_from or 0.0) - self.checkpoint_s
         measured = total - self.warmup_end if self.measure_from is not None else 0

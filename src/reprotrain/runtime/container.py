@@ -106,7 +106,10 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         **{
             k: v
             for k, v in os.environ.items()
-            if k.startswith(("DVC_", "REPROTRAIN_SWEEP", "REPROTRAIN_PARENT"))
+            # MLflow's own settings of its system-metrics monitor reach the run inside too.
+            if k.startswith(
+                ("DVC_", "REPROTRAIN_SWEEP", "REPROTRAIN_PARENT", "MLFLOW_SYSTEM_METRICS_")
+            )
         },
     }
     network = config.runtime.network

@@ -99,7 +99,7 @@ class TrackedRun:
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.uri, self.spec, self.spool_dir = uri, spec, spool_dir
         self.system_metrics = system_metrics
-        self.client = MlflowClient(uri)
+        self.client: Any = None  # made by open(): MlflowClient opens (and may create) the store
         self.run_id = self.experiment_id = ""
         self.spool: Spool | None = None
         self.present: set[tuple[str, int]] = set()  # (key, step) the store has (resumed runs)
@@ -119,7 +119,8 @@ class TrackedRun:
         deadline = time.monotonic() + OPEN_WAIT_S
         while True:  # a store locked by another process, or restarting, gets a while
             try:
-                prepare_store(self.uri)
+                prepare_store(self.uri)  # a fresh sqlite store's schema, made by one process
+                self.client = self.client or MlflowClient(self.uri)
                 self._open_once()
                 break
             except Exception as error:
@@ -221,15 +222,21 @@ class TrackedRun:
                 return None  # a try killed in its final phase logged it: once per run
             return log_pytorch_model(model, input_example, registered_name)
         except Exception as error:
-            reason = describe_error(error).splitlines()[0][:300]
+            unreachable = is_unreachable(error)
+            reason = redact(describe_error(error).splitlines()[0][:300])
             print(
-                f"reprotrain: warning: the MLflow Model of run {self.run_id} was not logged "
-                f"({redact(reason)}); the run, its metrics and model.pt are kept",
+                f"reprotrain: warning: the MLflow Model of run {self.run_id} was not logged: "
+                + (
+                    f"the tracking store {redact(self.uri)} is unavailable"
+                    if unreachable
+                    else reason
+                )
+                + "; the run, its metrics and model.pt are kept",
                 file=sys.stderr,
                 flush=True,
             )
-            if not is_unreachable(error):
-                self.set_tags({MODEL_ERROR_TAG: redact(reason)})
+            if not unreachable:
+                self.set_tags({MODEL_ERROR_TAG: reason})
             return None
 
     @property

@@ -1,5 +1,5 @@
-"""Runs left `RUNNING` by processes that are gone (the training process and its tracking
-worker both killed: kill -9 of the group, a power cut, a container killed).
+"""Runs left `RUNNING` by processes that are gone (the training process killed outright:
+kill -9, the OOM killer, a power cut, a container killed).
 
     owner_tags()                                  # who trains this run: tagged when it opens
     ended = end_orphans(client, [experiment_id])  # mark the gone ones KILLED; returns them

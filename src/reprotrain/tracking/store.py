@@ -6,8 +6,9 @@
     run_status(uri, run_id)                  # "RUNNING", "FINISHED", ...; None if not there
     redact("http://user:secret@host")        # "http://user:***@host": for every message
 
-MLflow is imported only where a function needs it (~2 s here): a launcher that only checks
-the store, and a disabled tracking run, never pay for it.
+`check_store` opens the store as the run will, through MLflow's public client: what MLflow
+refuses (a scheme it has no store for, missing credentials, a file that is no MLflow store)
+is one line before any step, not a traceback when the run starts.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ from __future__ import annotations
 import base64
 import fcntl
 import json
+import logging
 import re
 import tempfile
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from mlflow.tracking import MlflowClient
 
 from reprotrain.errors import TrackingError
 
@@ -45,30 +52,122 @@ UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 def where_to_look(uri: str, experiment_id: str, run_id: str) -> str:
     """How to see a run: the UI command for a local store (nothing for a server, which is the
     UI) and the run's page."""
-    path = f"#/experiments/{experiment_id}/runs/{run_id}"
+    # MLflow 3.17's UI opens in its GenAI view in a fresh browser, whatever the experiment's
+    # kind tag says; the parameter (after the #) opens the run in its model-training view.
+    path = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
     if uri.startswith(("http://", "https://")):
         return f"open {redact(uri).rstrip('/')}/{path}"
     return f"see it with: mlflow ui --backend-store-uri {redact(uri)}, then open {UI_URL}/{path}"
 
 
-DATABASES = ("postgresql", "mysql", "mssql")
-ARTIFACT_PROBE_S = 30.0  # SQLAlchemy URIs MLflow takes as a backend store
+DATABASES = ("postgresql", "mysql", "mssql")  # SQLAlchemy URIs MLflow takes as a backend store
+ARTIFACT_PROBE_S = 30.0
+ALLOWED_URIS = (
+    "sqlite:////abs/path/mlflow.db, http(s)://host:port, "
+    "postgresql|mysql|mssql://user:password@host:port/db, databricks[://profile]"
+)
+BARE_URIS = ("databricks", "databricks-uc", "uc")  # MLflow's URIs without a `scheme:`
+DATABRICKS_HINT = (
+    "set DATABRICKS_HOST and DATABRICKS_TOKEN (or keep them in a ~/.databrickscfg profile and "
+    "give tracking.uri=databricks://PROFILE), or run with tracking.enabled=false"
+)
 
 
 def check_store(uri: str, timeout_s: float) -> None:
-    """Fail fast with a clear line: MLflow's own retries take minutes to give up."""
-    if uri.startswith(("http://", "https://")):
+    """One clear line, before any step, for a store MLflow cannot use: MLflow's own retries
+    take minutes to give up, and a URI it refuses would fail only when the run opens it."""
+    scheme = _scheme(uri)
+    if scheme in ("http", "https"):
         _check_server(uri, timeout_s)
         _check_served_artifacts(uri, timeout_s)
-    elif uri.startswith("sqlite:///"):
-        _check_sqlite(Path(uri.removeprefix("sqlite:///")))
-    elif uri.split(":", 1)[0].split("+", 1)[0] in DATABASES:
+    elif scheme == "sqlite":
+        _check_sqlite(uri)
+    elif scheme in DATABASES:
         _check_database(uri, timeout_s)
-    elif uri.startswith("file:") or "://" not in uri:
+        _open_with_mlflow(uri, hint="fix tracking.uri / MLFLOW_TRACKING_URI, or the database")
+    elif scheme in ("", "file"):
+        _refuse_file_store(uri)
+    else:  # databricks, or a scheme an MLflow plugin may register: MLflow decides
+        hint = DATABRICKS_HINT if scheme == "databricks" else "give one of those in tracking.uri"
+        _open_within(uri, timeout_s, hint=hint)
+
+
+def _scheme(uri: str) -> str:
+    """`postgresql+psycopg://...` -> `postgresql`; `databricks` -> `databricks`; a path -> ``."""
+    if uri in BARE_URIS:
+        return uri
+    return urllib.parse.urlsplit(uri).scheme.split("+", 1)[0]
+
+
+def _refuse_file_store(uri: str) -> None:
+    """A path (or file: URI) is MLflow's old folder-of-runs store, which MLflow 3.13+ no
+    longer opens; the fix names a sqlite file at that place."""
+    if not uri.strip():
         raise TrackingError(
-            f"tracking.uri={redact(uri)!r}: plain file stores are not supported by MLflow 3.13+",
-            hint="use sqlite:////abs/path/mlflow.db or an http://host:port server",
+            f"tracking.uri={uri!r} names no store; allowed: {ALLOWED_URIS}",
+            hint="leave tracking.uri null ($MLFLOW_TRACKING_URI, else the project's "
+            "mlflow.db) or give one of those",
         )
+    path = Path(urllib.parse.urlsplit(uri).path if uri.startswith("file:") else uri).absolute()
+    if path.suffix != ".db":
+        path = (path if path.is_dir() else path.parent) / "mlflow.db"
+    raise TrackingError(
+        f"tracking.uri={redact(uri)!r}: plain file stores are not supported by MLflow 3.13+; "
+        f"allowed: {ALLOWED_URIS}",
+        hint=f"use a sqlite file there (tracking.uri=sqlite:///{path}) or an http://host:port "
+        "server",
+    )
+
+
+def _open_with_mlflow(uri: str, hint: str, allowed: str = ALLOWED_URIS) -> None:
+    """Open the store as the run will and list one experiment: what MLflow refuses is one line."""
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as error:  # MLflow's and its drivers' own: each says this store is unusable
+        if "database is locked" in str(error):
+            return  # another process writing, for a moment: the run waits for it
+        reason = redact(str(error).strip().splitlines()[0] if str(error).strip() else repr(error))
+        raise TrackingError(
+            f"tracking.uri={redact(uri)!r}: MLflow cannot use this store "
+            f"({reason.split('. ')[0][:300]}); allowed: {allowed}",
+            hint=hint,
+        ) from None
+
+
+def _open_within(uri: str, timeout_s: float, hint: str) -> None:
+    """_open_with_mlflow, waited on for timeout_s at most: a client retries a host that does not
+    answer for minutes (Databricks' SDK: 5). The thread is a daemon: left behind, it ends with
+    the process."""
+    failures: list[TrackingError] = []
+
+    def attempt() -> None:
+        try:
+            _open_with_mlflow(uri, hint)
+        except TrackingError as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=attempt, name="reprotrain-store-check", daemon=True)
+    with _mlflow_warnings_off():  # "falling back to legacy authentication": the line says why
+        thread.start()
+        thread.join(timeout_s)
+    if failures:
+        raise failures[0]
+    if thread.is_alive():
+        raise TrackingError(
+            f"tracking store {redact(uri)} did not answer within {timeout_s:g}s",
+            hint=f"check that its host is reachable from here, or {hint}",
+        )
+
+
+@contextmanager
+def _mlflow_warnings_off() -> Iterator[None]:
+    logger = logging.getLogger("mlflow")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _server_request(uri: str, path: str) -> urllib.request.Request:
@@ -171,12 +270,19 @@ def _check_database(uri: str, timeout_s: float) -> None:
         engine.dispose()
 
 
-def _check_sqlite(db: Path) -> None:
+def _check_sqlite(uri: str) -> None:
+    db = _sqlite_file(uri)
     folder = db.parent
     if not folder.is_dir():
         raise TrackingError(
             f"tracking store folder {str(folder)!r} does not exist (tracking.uri=sqlite:///{db})",
             hint="create the folder or point tracking.uri at a writable place",
+        )
+    if db.is_dir():
+        raise TrackingError(
+            f"tracking store {str(db)!r} is a folder, not a database file "
+            f"(tracking.uri={redact(uri)})",
+            hint=f"name a file in it: tracking.uri=sqlite:///{db.absolute() / 'mlflow.db'}",
         )
     try:  # try for real: access() says yes to root even on a read-only file system
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".mlflow-write-check-"):
@@ -189,6 +295,45 @@ def _check_sqlite(db: Path) -> None:
             f"tracking store {str(db)!r} is not writable ({error.strerror})",
             hint="fix the permissions or point tracking.uri / MLFLOW_TRACKING_URI at a writable place",
         ) from None
+    if db.is_file() and db.stat().st_size > 0:  # a new store is made by prepare_store
+        with _schema_lock(db):
+            _open_with_mlflow(
+                uri,
+                hint="point tracking.uri at a new file; an older MLflow's store: back it up, "
+                f"then run `mlflow db upgrade {redact(uri)}`",
+                allowed="a new file, or a store with this MLflow's schema",
+            )
+
+
+def _sqlite_file(uri: str) -> Path:
+    """The file of `sqlite:///relative.db` or `sqlite:////abs/x.db`. SQLAlchemy reads what
+    follows `sqlite://` as a host (sqlite has none) and an empty path or `:memory:` as a
+    database in this process's memory, gone when the run ends."""
+    _, sep, rest = uri.partition("://")
+    if sep and rest.split("?", 1)[0] in ("", "/", "/:memory:"):
+        raise TrackingError(
+            f"tracking.uri={redact(uri)!r} is a database in memory, lost when the run ends; "
+            "allowed: a sqlite file, sqlite:////abs/path/mlflow.db",
+            hint="give a file: tracking.uri=sqlite:////abs/path/mlflow.db",
+        )
+    if not (sep and rest.startswith("/")):
+        suggested = Path(uri.partition(":")[2].lstrip("/").split("?", 1)[0]).absolute()
+        raise TrackingError(
+            f"tracking.uri={redact(uri)!r} names no sqlite file: after sqlite:// comes a host, "
+            "which sqlite has none of; allowed: sqlite:///relative/path.db, "
+            "sqlite:////abs/path.db",
+            hint=f"write three slashes before the path, e.g. tracking.uri=sqlite:///{suggested}",
+        )
+    return Path(rest[1:].split("?", 1)[0])
+
+
+@contextmanager
+def _schema_lock(db: Path) -> Iterator[None]:
+    """The lock prepare_store makes a new store's schema under: a store another process is
+    still making is opened once it is whole."""
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def prepare_store(uri: str) -> None:

@@ -1,0 +1,121 @@
+"""A fresh run's page in MLflow's UI, as a new user opens it: the link reprotrain prints, in a
+real browser (Debian's chromium through playwright) with a fresh profile, against `mlflow ui`.
+Screenshots go to $REPROTRAIN_SCREENSHOT_DIR (docs/ holds the last ones)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, Store, child_env, require_chromium, train
+
+SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 90_000  # the UI draws slowly on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str]:
+    """A run long enough for MLflow's system-metrics monitor to sample it a few times (its
+    interval set through MLflow's own variable), and the link the run printed."""
+    folder = tmp_path_factory.mktemp("ui")
+    store = Store(folder)
+    env = {**child_env(), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.5"}
+    result = train(folder, store, "train.steps=1500", "data.num_samples=4096", env=env)
+    (link,) = re.findall(r"then open (\S+)", result.stderr)
+    return store, link
+
+
+@pytest.fixture(scope="module")
+def mlflow_ui(trained: tuple[Store, str]) -> Iterator[str]:
+    """`mlflow ui` on a free 127.0.0.1 port over the run's store, in its own process group."""
+    store, _ = trained
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "ui", "--backend-store-uri", store.uri, "--host", "127.0.0.1"]
+        + ["--port", str(port)],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its job-consumer children
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.browser
+def test_printed_link_opens_model_training_with_loss_first_system_metrics_and_datasets(
+    trained: tuple[Store, str], mlflow_ui: str
+) -> None:
+    chromium = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    store, link = trained
+    run = store.only_run()
+    assert link.endswith(f"/runs/{run.info.run_id}?workflowType=machine_learning")
+    page_url = link.replace("http://127.0.0.1:5000", mlflow_ui)  # the UI's port here
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=FLAGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()  # fresh
+        page.goto(page_url)
+        page.get_by_text(run.data.tags["device.name"]).first.wait_for(timeout=WAIT_MS)
+        page.get_by_text("synthetic-train").first.wait_for(timeout=WAIT_MS)
+        overview = page.inner_text("body")
+        # Model training's sidebar (Runs, Models, Model registry), not GenAI's (Evaluation runs).
+        assert "Model registry" in overview and "Evaluation runs" not in overview
+        assert run.info.run_name in overview and "Training" in overview  # the dataset's context
+        page.screenshot(path=str(SCREENSHOTS / "mlflow-run-overview.png"))
+
+        page.goto(page_url.replace("?", "/model-metrics?"))
+        page.locator(".js-plotly-plot svg.main-svg").first.wait_for(timeout=WAIT_MS)
+        page.get_by_text("Add chart").first.wait_for(timeout=WAIT_MS)
+        body = page.inner_text("body").split("Auto-refresh", 1)[1]
+        sections = re.findall(r"^(\S[^\n]*)\n\((\d+)\)$", body, re.MULTILINE)
+        # train/* first (its charts by name: loss, step_ms), then val/*, then the summaries.
+        assert [name for name, _ in sections] == ["train", "val", "Model metrics"], sections
+        page.screenshot(path=str(SCREENSHOTS / "mlflow-run-loss.png"))
+
+        page.goto(page_url.replace("?", "/system-metrics?"))
+        page.get_by_text("cpu_utilization_percentage").first.wait_for(timeout=WAIT_MS)
+        page.locator(".js-plotly-plot svg.main-svg").first.wait_for(timeout=WAIT_MS)
+        page.screenshot(path=str(SCREENSHOTS / "mlflow-run-system-metrics.png"))
+        browser.close()
