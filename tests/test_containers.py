@@ -35,6 +35,7 @@ from reprotrain import containers
 from reprotrain.containers import (
     EngineStatus,
     ImageRef,
+    Placement,
     bind_mount,
     container_command,
     engine_status,
@@ -69,7 +70,7 @@ def command(kind: str = "cpu", argv=("python", "-V"), image=FAKE_IMAGE, **overri
     """container_command with test defaults; keyword overrides replace them."""
     options = dict(project_root=ROOT, env={}, network="none", shm_size="64m", cpus=None)
     options.update(overrides)
-    return container_command(image, kind, list(argv), **options)
+    return container_command(image, kind, list(argv), Placement(**options))
 
 
 def run_in(image: str, *args: str, options: tuple[str, ...] = ()) -> str:

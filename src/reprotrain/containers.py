@@ -6,10 +6,9 @@ What the launcher does with it:
 
     status = containers.engine_status()          # EngineStatus(available, reason)
     image = containers.ensure_image("cpu", project_root)   # builds once per inputs digest
+    where = containers.Placement(project_root, env={"MLFLOW_TRACKING_URI": uri}, network="host")
     cmd = containers.container_command(
-        image, "cpu", ["python", "-m", "reprotrain.train", "device=cpu"],
-        project_root=project_root, env={"MLFLOW_TRACKING_URI": uri},
-        network="host", shm_size="1g", cpus=None,
+        image, "cpu", ["python", "-m", "reprotrain.train", "device=cpu"], where
     )
     exit_code = containers.run_container(cmd, kind="cpu")
 
@@ -375,24 +374,32 @@ def _check_kind(kind: str) -> None:
 # --- running ---------------------------------------------------------------------------------
 
 
-def container_command(
-    image: ImageRef,
-    kind: str,
-    argv: list[str],
-    *,
-    project_root: Path,
-    env: dict[str, str],
-    network: str,
-    shm_size: str,
-    cpus: float | None,
-    name: str | None = None,
-    cwd: Path | None = None,
-    mounts: tuple[Path, ...] = (),
-) -> list[str]:
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a training container runs: the project mounted at its own path, the
+    environment it gets, its network, /dev/shm size, CPU limit, name, working folder and
+    other folders it reads or writes (each mounted at its own path too)."""
+
+    project_root: Path
+    env: dict[str, str]
+    network: str = "none"
+    shm_size: str = "1g"
+    cpus: float | None = None
+    name: str | None = None
+    cwd: Path | None = None
+    mounts: tuple[Path, ...] = ()
+
+
+def container_command(image: ImageRef, kind: str, argv: list[str], where: Placement) -> list[str]:
     """The `docker run` argv for one training run (pure: it runs nothing)."""
     _check_kind(kind)
-    root = Path(project_root).resolve()
-    here = Path.cwd() if cwd is None else Path(cwd)
+    root, env, mounts, cpus = (
+        Path(where.project_root).resolve(),
+        where.env,
+        where.mounts,
+        where.cpus,
+    )
+    here = Path.cwd() if where.cwd is None else Path(where.cwd)
     # Same absolute path inside and out: MLflow stores artifact paths as absolute paths.
     mounted = [root, *(Path(m).resolve() for m in mounts)]
     workdir = here if any(here.resolve().is_relative_to(m) for m in mounted) else root
@@ -406,7 +413,8 @@ def container_command(
         "REPROTRAIN_IMAGE_ID": image.id,
         **env,
     }
-    cmd = ["docker", "run", "--rm", "--name", name or f"reprotrain-{kind}-{uuid.uuid4().hex[:12]}"]
+    name = where.name or f"reprotrain-{kind}-{uuid.uuid4().hex[:12]}"
+    cmd = ["docker", "run", "--rm", "--name", name]
     cmd += ["--user", user]  # files written into the mount belong to the host user, not root
     cmd += ["--mount", bind_mount(root), "-w", str(workdir)]
     # Folders the run reads or writes outside the project (a store, an output folder, the
@@ -414,7 +422,7 @@ def container_command(
     for folder in sorted({Path(m).resolve() for m in mounts}):
         if not folder.is_relative_to(root):
             cmd += ["--mount", bind_mount(folder)]
-    cmd += ["--network", network, "--shm-size", shm_size]  # DataLoader workers use /dev/shm
+    cmd += ["--network", where.network, "--shm-size", where.shm_size]  # for DataLoader workers
     if cpus is not None:
         if cpus <= 0:
             raise RuntimeEnvError(

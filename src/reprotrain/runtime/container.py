@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from reprotrain.checkpoint import load_resume_point
 from reprotrain.containers import (
+    Placement,
     container_command,
     ensure_image,
     gpu_count,
@@ -90,12 +91,46 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         check_store(uri, config.tracking.connect_timeout_s)
         prepare_store(uri)
         run_id = resumed or create_run(config, uri, kind, name)
-    commit, dirty = git_state(root)
+    env = container_env(root, uri, kind, name, image.id, run_id)
+    network = config.runtime.network
+    if network == "auto":  # a store on the network (a server, a database) needs the host's
+        network = "none" if uri.startswith(("sqlite:", "file:")) else "host"
+    if network == "none":  # torchrun's ranks meet on the loopback, the only interface there
+        env["GLOO_SOCKET_IFNAME"] = "lo"
     config_file = write_launch_config(root, config)
-    env = {
+    where = Placement(
+        root,
+        env,
+        network=network,
+        shm_size=config.runtime.shm_size,
+        cpus=config.runtime.cpus,
+        name=name,
+        mounts=outside_paths(config, uri),
+    )
+    command = container_command(
+        image, kind, training_argv(processes(config, kind), config_file), where
+    )
+    code = 1  # if run_container itself fails, the run still ends FAILED
+    try:
+        secrets = {k: v for k, v in env.items() if redact(v) != v}
+        code = run_container(command, kind=kind, secrets=secrets)
+    finally:
+        config_file.unlink(missing_ok=True)
+        status = end_if_running(uri, run_id, code) if run_id else ""
+    check_exit(code, status, image.tag)
+    return json.loads((Path(config.train.output_dir) / "run.json").read_text())
+
+
+def container_env(
+    root: Path, uri: str, kind: str, name: str, image_id: str, run_id: str
+) -> dict[str, str]:
+    """What the training process in the container is told: the store, the run it records
+    into, who owns it (the container, the launching host) and the host's git state."""
+    commit, dirty = git_state(root)
+    return {
         "MLFLOW_TRACKING_URI": uri,
         "REPROTRAIN_RUNTIME": f"docker-{kind}",
-        "REPROTRAIN_IMAGE_ID": image.id,
+        "REPROTRAIN_IMAGE_ID": image_id,
         "REPROTRAIN_GIT_COMMIT": commit,
         "REPROTRAIN_GIT_DIRTY": dirty,
         "GIT_PYTHON_REFRESH": "quiet",  # the image has no git: MLflow's probe for it stays quiet
@@ -112,43 +147,19 @@ def run_in_docker(config: Config) -> dict[str, Any]:
             )
         },
     }
-    network = config.runtime.network
-    if network == "auto":  # a store on the network (a server, a database) needs the host's
-        network = "none" if uri.startswith(("sqlite:", "file:")) else "host"
-    if network == "none":  # torchrun's ranks meet on the loopback, the only interface there
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    nproc = processes(config, kind)
+
+
+def training_argv(nproc: int, config_file: Path) -> list[str]:
+    """The training script on the launch config, under torchrun for several processes."""
     # --local-addr: with --network none the container's hostname resolves to no address.
     torchrun = ["torchrun", "--standalone", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}"]
     launcher = ["python"] if nproc == 1 else torchrun
-    argv = [
-        *launcher,
-        "-m",
-        "reprotrain.train",
-        "--config-dir",
-        str(config_file.parent),
-        "--config-name",
-        config_file.stem,
-    ]
-    command = container_command(
-        image,
-        kind,
-        argv,
-        project_root=root,
-        env=env,
-        network=network,
-        name=name,
-        shm_size=config.runtime.shm_size,
-        cpus=config.runtime.cpus,
-        mounts=outside_paths(config, uri),
-    )
-    code = 1  # if run_container itself fails, the run still ends FAILED
-    try:
-        secrets = {k: v for k, v in env.items() if redact(v) != v}
-        code = run_container(command, kind=kind, secrets=secrets)
-    finally:
-        config_file.unlink(missing_ok=True)
-        status = end_if_running(uri, run_id, code) if run_id else ""
+    config = ["--config-dir", str(config_file.parent), "--config-name", config_file.stem]
+    return [*launcher, "-m", "reprotrain.train", *config]
+
+
+def check_exit(code: int, status: str, tag: str) -> None:
+    """The container's exit as the launcher's: a stop as a stop, an error as one line."""
     if code in (130, 143):  # stopped by Ctrl-C / docker stop: end as a local run would
         raise Interrupted(code - 128)
     if code != 0 and status == "KILLED":  # torchrun's own exit code after its ranks stopped
@@ -157,10 +168,9 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         raise SystemExit(code)
     if code != 0:
         raise RuntimeEnvError(
-            f"the training container ({image.tag}) exited with code {code}",
+            f"the training container ({tag}) exited with code {code}",
             hint="see its last log lines above; 137 = killed (docker kill or out of memory)",
         )
-    return json.loads((Path(config.train.output_dir) / "run.json").read_text())
 
 
 def resumed_run_id(config: Config) -> str:

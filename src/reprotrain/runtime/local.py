@@ -140,7 +140,9 @@ def make_trainer(job: Job, group: distributed.Group, resume_from: dict[str, Any]
     return trainer
 
 
-def open_run(job: Job, group: distributed.Group, resume_from: dict[str, Any] | None) -> Any:
+def open_run(
+    job: Job, group: distributed.Group, resume_from: dict[str, Any] | None
+) -> TrackedRun | NoRun:
     """This process's MLflow run (rank 0 under torchrun), or NoRun with tracking off."""
     if job.tracking_uri is None:
         return NoRun()
@@ -166,7 +168,9 @@ def open_run(job: Job, group: distributed.Group, resume_from: dict[str, Any] | N
     )
 
 
-def fit(job: Job, trainer: Trainer, recorder: Any, stop: GracefulStop, total: int) -> Fitted:
+def fit(
+    job: Job, trainer: Trainer, recorder: TrackedRun | NoRun, stop: GracefulStop, total: int
+) -> Fitted:
     """Train to `total`, checkpointing (rank 0) as train.checkpoint_* say."""
     config, group = job.config, trainer.group
     recorder.log_inputs(as_mlflow_datasets(job.pieces.splits, *dataset_source(config)))
@@ -199,7 +203,7 @@ def fit(job: Job, trainer: Trainer, recorder: Any, stop: GracefulStop, total: in
     return fitted
 
 
-def say_where(job: Job, recorder: Any, run_id: str) -> None:
+def say_where(job: Job, recorder: TrackedRun | NoRun, run_id: str) -> None:
     where = (
         f"its record waits in {recorder.waiting} (python -m reprotrain.replay sends it)"
         if recorder.waiting
