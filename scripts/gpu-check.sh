@@ -2,7 +2,7 @@
 # GPU check: run on a machine with an NVIDIA GPU, after scripts/setup.sh (or with PYTHON set to
 # an interpreter that has reprotrain's dependencies and a CUDA build of torch).
 #
-#   scripts/gpu-check.sh              # CUDA vs CPU smoke runs, fast paths, gpu tests, bench + crossover
+#   scripts/gpu-check.sh              # CUDA vs CPU smoke runs, fast paths, gpu tests, comparison, crossover
 #   scripts/gpu-check.sh --docker     # also build the CUDA image and train in it with --gpus all
 #
 # Prints the figures docs/performance.md's GPU section quotes; writes everything under results/gpu-check/.
@@ -140,13 +140,40 @@ PYDDP
 say "tests marked gpu"
 "$PY" -m pytest -m gpu -q
 
-say "benchmark and CPU-vs-GPU crossover study"
-timeout 300 "$PY" -m reprotrain.bench --devices cpu,cuda --crossover --no-dvc --no-fastpaths \
-    --json "$OUT/bench.json" --tracking-uri "$STORE"
+say "the comparison on cuda: the lesson's script, reprotrain, untracked, Lightning, + the CUDA fast paths"
+timeout 900 "$PY" benchmarks/compare.py --device cuda --pairs 3 --json "$OUT/compare-cuda.json" \
+    --with train.cuda_graphs=true --with "train.precision=bf16 train.tf32=true train.deterministic=false"
 
-say "each fast path on and off on cuda (bench quick mode, batch 64 and 4096)"
-timeout 240 "$PY" -m reprotrain.bench --quick --devices cuda --batch-sizes 64,4096 --no-dvc \
-    --json "$OUT/fastpaths/bench.json" --tracking-uri "$STORE"
+say "CPU-vs-GPU crossover: the app's sweep (experiment=crossover), one MLflow child run per point"
+timeout 1200 "$PY" -m reprotrain.train --multirun experiment=crossover tracking.uri="$STORE" \
+    tracking.log_model=false train.progress=off train.output_dir="$OUT/crossover" \
+    hydra.sweep.dir="$OUT/crossover/sweep" >"$OUT/crossover.log" 2>&1 \
+    || { tail -20 "$OUT/crossover.log"; exit 1; }
+"$PY" - "$STORE" <<'PYCROSS'
+import sys
+from mlflow.tracking import MlflowClient
+client = MlflowClient(sys.argv[1])
+experiment = client.get_experiment_by_name("reprotrain-crossover")
+runs = client.search_runs([experiment.experiment_id], max_results=5000, order_by=["attributes.start_time DESC"])
+parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)  # the sweep just run
+rate = {}
+for r in runs:
+    if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id:
+        key = (r.data.tags["device.type"], int(r.data.params["model.hidden_size"]), int(r.data.params["train.batch_size"]))
+        rate[key] = r.data.metrics["throughput.samples_per_s"]
+hiddens, batches = sorted({h for _, h, _ in rate}), sorted({b for _, _, b in rate})
+print(f"{'hidden':>6} {'batch':>6} {'cpu samples/s':>14} {'cuda samples/s':>15} {'cuda/cpu':>9}")
+for hidden in hiddens:
+    wins = []
+    for batch in batches:
+        cpu, cuda = rate.get(("cpu", hidden, batch)), rate.get(("cuda", hidden, batch))
+        ratio = cuda / cpu if cpu and cuda else None
+        if ratio and ratio > 1:
+            wins.append(batch)
+        cells = [f"{v:>14,.0f}" if v else f"{'-':>14}" for v in (cpu, cuda)]
+        print(f"{hidden:>6} {batch:>6} {cells[0]} {cells[1]:>15} {f'{ratio:.2f}' if ratio else '-':>9}")
+    print(f"hidden {hidden}: the GPU is faster from batch {wins[0] if wins else 'none in range'}")
+PYCROSS
 
 if [ "${1:-}" = "--docker" ]; then
     say "CUDA image, trained with docker run --gpus all"

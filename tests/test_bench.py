@@ -1,486 +1,234 @@
-"""The benchmark: complete, self-consistent results, variants that differ only in overhead, and
-fast paths that keep the math.
+"""The benchmarks in benchmarks/: each runs end to end at its smallest size, and what it prints
+is what its --json holds; the comparison is fair (the Lightning script trains the lesson's
+model to the lesson's losses); the package carries no benchmark code.
 
-No assertion here is about speed: timings depend on the machine. The tests check that every
-figure is measured, that every ratio is the quotient it claims to be, that the record lands in
-MLflow, that every variant starts from the same weights and walks the same batches, that the
-fast paths give the plain path's losses, and that the core never imports the benchmark.
+No assertion here is about speed: timings depend on the machine. Whether reprotrain's fast
+paths keep the math is tests/test_fastpaths.py.
 """
 
 from __future__ import annotations
 
+import ast
+import csv
+import importlib.util
 import json
 import math
-import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 from conftest import PYTHON, ROOT, Store, child_env, require_cuda
-from reprotrain.bench.fastpath import SWITCHES
-from reprotrain.bench.measure import FLOPS_RATIO, RATIOS, VARIANTS
-from reprotrain.bench.reference import bench_config, bench_dataset, reference_batches
-from reprotrain.bench.report import TARGETS
-from reprotrain.bench.startup import WHOLE_PHASES, timed_process
-from reprotrain.bench.variants import (
-    course_loop,
-    lightning_batches,
-    lightning_or_reason,
-    reprotrain_step,
-)
-from reprotrain.data import make_batches
-from reprotrain.fastpaths import compiler_missing
 
-CPU = torch.device("cpu")
-STEPS, WARMUP = 20, 2
-# torch's FlopCounterMode on the reference MLP (784 -> 512 -> 10), per sample: the forward's
-# two matmuls, then backward's weight gradients of both layers and the input gradient of the
-# second (the data needs none): 2 * (784*512*2 + 512*10*3).
-REFERENCE_TRAIN_FLOPS = 2 * (784 * 512 * 2 + 512 * 10 * 3)
+BENCHMARKS = ROOT / "benchmarks"
 
 
-def bench(tmp_path: Path, store: Store, *args: str) -> tuple[str, dict[str, Any]]:
-    out = tmp_path / "out" / "bench.json"
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.bench",
-            "--quick",
-            "--json",
-            str(out),
-            "--tracking-uri",
-            store.uri,
-            "--no-dvc",
-            *args,
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout, json.loads(out.read_text())
-
-
-def positive(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value) and value > 0
-
-
-def measured_number(device: dict[str, Any], variants: dict[str, Any], name: str) -> float:
-    """'b.samples_per_s' -> the b variant's samples/s; 'matmul.flops_per_s' -> the device's."""
-    owner, key = name.split(".")
-    return device["matmul"][key] if owner == "matmul" else variants[owner][key]
-
-
-def check_device(device: dict[str, Any], batch_sizes: list[int]) -> None:
-    assert positive(device["matmul"]["flops_per_s"])
-    assert all(positive(size["flops_per_s"]) for size in device["matmul"]["sizes"].values())
-    assert sorted(device["batches"], key=int) == [str(b) for b in batch_sizes]
-    for entry in device["batches"].values():
-        variants = entry["variants"]
-        assert set(variants) == set(VARIANTS)
-        for variant in variants.values():
-            assert positive(variant["step_ms_median"]) and positive(variant["samples_per_s"])
-            assert positive(variant["train_flops_per_s"]) and positive(variant["peak_rss_mb"])
-            assert variant["measured_steps"] == entry["measured_steps"]  # the same for all
-        assert set(entry["ratios"]) == {name for name, _, _ in RATIOS} | {FLOPS_RATIO}
-        for ratio in entry["ratios"].values():
-            top = measured_number(device, variants, ratio["numerator"])
-            bottom = measured_number(device, variants, ratio["denominator"])
-            assert ratio["value"] == pytest.approx(top / bottom, rel=1e-12)
-
-
-def check_fastpaths(study: dict[str, Any], batch_sizes: list[int], device: str = "cpu") -> None:
-    """Every switch is measured or skipped with a reason, and each figure is what it claims."""
-    assert sorted(study, key=int) == [str(b) for b in batch_sizes]
-    for rows in study.values():
-        assert [row["name"] for row in rows] == [switch.name for switch in SWITCHES]
-        for row, switch in zip(rows, SWITCHES, strict=True):
-            if device not in switch.devices:
-                assert row["skipped"] == f"not available on {device}"
-                continue
-            if "skipped" in row:  # only torch.compile may lack a compiler, and says which
-                assert switch.name == "torch.compile" and "cannot build kernels" in row["skipped"]
-                continue
-            assert positive(row["with_samples_per_s"]) and positive(row["without_samples_per_s"])
-            assert len(row["speedups"]) == row["pairs"]
-            assert row["speedup"] == pytest.approx(statistics.median(row["speedups"]), rel=1e-12)
-            if row["pairs"] == 1:
-                assert row["speedup"] == pytest.approx(
-                    row["with_samples_per_s"] / row["without_samples_per_s"], rel=1e-12
-                )
-            if row["same_math"]:  # the same arithmetic: float rounding at most
-                assert row["max_loss_diff"] <= 1e-5, row
-            else:  # bf16 is visibly different, but it still trains the same model
-                assert 0 < row["max_loss_diff"] < 0.05, row
-
-
-def run_metric_keys_cover_fastpaths(store: Store, report: dict[str, Any]) -> bool:
-    metrics = store.client.get_run(report["mlflow"]["run_id"]).data.metrics
-    row = report["fastpaths"]["cpu"]["64"][0]
-    return metrics["cpu/b64/fastpath/fused_adamw/speedup"] == pytest.approx(row["speedup"])
-
-
-def test_quick_bench_measures_every_variant_and_records_the_run(
-    tmp_path: Path, store: Store
-) -> None:
-    stdout, report = bench(
-        tmp_path,
-        store,
-        "--batch-sizes",
-        "4,64",
-        "--whole-steps",
-        "100",  # the whole-process rows: each a real process; the steps only add loop time
-        "--whole-with",
-        "tracking.enabled=false",
-    )
-    assert report["settings"]["mode"] == "quick" and report["settings"]["batch_sizes"] == [4, 64]
-    assert "cpu" in report["devices"]
-    for device in report["devices"].values():
-        check_device(device, [4, 64])
-    assert report["devices"]["cpu"]["train_flops_per_sample"] == REFERENCE_TRAIN_FLOPS
-
-    targets = {(t["ratio"], t["batch_size"]): t for t in report["targets"]}
-    assert len(targets) == len(TARGETS)
-    for (ratio, batch), target in targets.items():
-        if batch in (4, 64):
-            assert target["status"] in ("PASS", "MISS")
-            measured = report["devices"]["cpu"]["batches"][str(batch)]["ratios"][ratio]["value"]
-            assert target["value"] == measured
-            assert (target["status"] == "PASS") == (measured >= target["threshold"])
-        else:
-            assert target["status"] == "NOT MEASURED"  # 256 and 4096 were not in --batch-sizes
-
-    check_fastpaths(report["fastpaths"]["cpu"], [64])
-    assert "fast paths on cpu" in stdout
-    assert run_metric_keys_cover_fastpaths(store, report)
-
-    assert positive(report["startup"]["median_s"]) and len(report["startup"]["runs_s"]) == 1
-    assert report["dvc"] == {"skipped": "--no-dvc"}
-    whole = report["whole_process"]  # the lesson's script and reprotrain.train, one pair
-    assert whole["steps"] == 100 and whole["batch_size"] == 64 and whole["pairs"] == 1
-    assert "lesson_script.py --steps=100" in whole["commands"]["lesson"]
-    assert "reprotrain.train device=cpu" in whole["commands"]["reprotrain"]
-    for name in ("lesson", "reprotrain"):
-        assert positive(whole["median_s"][name]) and positive(whole["peak_rss_mb"][name])
-        assert positive(whole["median_cpu_s"][name])
-    assert whole["cores"] == len(os.sched_getaffinity(0))
-    assert re.search(
-        r"on \d+ cores the least wall time that work could take is \d+\.\d\d s", stdout
-    )
-    reprotrain_s, lesson_s = whole["wall_s"]["reprotrain"][0], whole["wall_s"]["lesson"][0]
-    assert whole["median_ratio"] == pytest.approx(reprotrain_s / lesson_s)
-    # --whole-with: one more row, the same command with the overrides added; without
-    # tracking no worker is started, so the row's peak RSS is the training process's alone.
-    untracked = "reprotrain tracking.enabled=false"
-    assert whole["variants"] == ["tracking.enabled=false"]
-    assert (
-        whole["commands"][untracked] == whole["commands"]["reprotrain"] + " tracking.enabled=false"
-    )
-    assert whole["peak_rss_mb"][untracked] < whole["peak_rss_mb"]["reprotrain"], whole
-    assert whole["row_ratios"][untracked] == pytest.approx(whole["wall_s"][untracked][0] / lesson_s)
-    assert re.search(r"reprotrain tracking\.enabled=false +\d+\.\d\d +\d+\.\d\d ", stdout)
-    assert re.search(
-        r"reprotrain / lesson wall time: \d+\.\d\d .*target <= 0\.8: (met|missed)", stdout
-    )
-    # Where each reprotrain row's wall time went, from its run.json: every part a real span
-    # (the run's own clocks claim no more than the wall time measured around the process),
-    # and for the one round, the parts are that round's wall time.
-    assert set(whole["phases_s"]) == {"reprotrain", untracked}
-    for name, split in whole["phases_s"].items():
-        assert set(split) == set(WHOLE_PHASES)
-        assert all(len(seconds) == 1 and seconds[0] >= 0 for seconds in split.values()), split
-        assert positive(split["startup"][0]) and positive(split["loop"][0])
-        total = sum(seconds[0] for seconds in split.values())
-        assert total == pytest.approx(whole["wall_s"][name][0])
-    assert re.search(r"where reprotrain's wall time went", stdout)
-    assert re.search(r"reprotrain tracking\.enabled=false(  +\d+\.\d\d){5}$", stdout, re.M)
-    (scaled,) = report["scaling"]  # 1 and 2 gloo processes under torchrun, batch 64 each
-    assert scaled["device"] == "cpu" and scaled["processes"] == 2
-    one, two = scaled["samples_per_s"]["1"], scaled["samples_per_s"]["2"]
-    assert positive(one) and positive(two)
-    assert scaled["efficiency"] == pytest.approx(two / (2 * one))
-    assert "data-parallel scaling on cpu" in stdout
-    assert "crossover" not in report
-    for heading in ("ms/step", "samples/s", "ratios", "targets", "start-up"):
-        assert heading in stdout
-    assert re.search(r"cpu batch 64 +b/c +\d+\.\d+ +>= 0\.97 +(PASS|MISS)", stdout)
-
-    run = store.client.get_run(report["mlflow"]["run_id"])
-    assert run.info.status == "FINISHED"
-    assert store.client.get_experiment(run.info.experiment_id).name == "reprotrain-bench"
-    assert "bench.json" in {a.path for a in store.client.list_artifacts(run.info.run_id)}
-    b64 = report["devices"]["cpu"]["batches"]["64"]
-    assert run.data.metrics["cpu/b64/b/samples_per_s"] == pytest.approx(
-        b64["variants"]["b"]["samples_per_s"]
-    )
-    assert run.data.metrics["cpu/b64/ratio/b_over_c"] == pytest.approx(
-        b64["ratios"]["b/c"]["value"]
-    )
-    assert run.data.params["mode"] == "quick"
-    for name in ("lesson", "reprotrain"):
-        assert run.data.metrics[f"whole/{name}_s"] == pytest.approx(whole["median_s"][name])
-        assert run.data.metrics[f"whole/{name}_cpu_s"] == pytest.approx(whole["median_cpu_s"][name])
-    assert run.data.metrics["whole/reprotrain_tracking.enabled_false_ratio"] == pytest.approx(
-        whole["row_ratios"][untracked]
-    )
-
-
-def test_a_whole_process_cpu_time_counts_the_children_it_waited_for(tmp_path: Path) -> None:
-    """The whole-process row's CPU time is the kernel's account of the process and of every
-    child it waited for (reprotrain's tracking worker is one): a parent that only waits for a
-    child burning ~0.6 s of CPU is charged that time, and its wall time covers it."""
-    burn = "import time; end = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
-    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], check=True)"
-    timed = timed_process([sys.executable, "-c", parent], tmp_path, child_env())
-    assert timed.failed == ""
-    assert timed.cpu_s >= 0.6 and timed.wall_s >= 0.6, timed
-    assert positive(timed.peak_rss_mb)
-    failing = timed_process([sys.executable, "-c", "raise SystemExit(3)"], tmp_path, child_env())
-    assert failing.failed.startswith("exited 3"), failing
-
-
-def test_crossover_cpu_half_writes_plot_and_table_and_says_gpu_half_is_absent(
-    tmp_path: Path, store: Store
-) -> None:
-    stdout, report = bench(
-        tmp_path,
-        store,
-        "--crossover-only",
-        "--devices",
-        "cpu",
-        "--batch-sizes",
-        "4,16",
-        "--hidden-sizes",
-        "16,32",
-    )
-    study = report["crossover"]
-    assert study["gpu_absent"]  # no cuda among the devices: said, not faked
-    assert "GPU half absent" in stdout
-    assert len(study["points"]) == 4
-    for point in study["points"]:
-        assert point["device"] == "cpu" and positive(point["samples_per_s"])
-        assert point["copy_share"] is None
-    assert study["crossover"] == {"16": None, "32": None}
-
-    plot, table = Path(study["files"]["plot"]), Path(study["files"]["table"])
-    assert plot.parent == tmp_path / "out" and table.parent == tmp_path / "out"
-    assert plot.read_bytes().startswith(b"\x89PNG")
-    text = table.read_text()
-    assert "GPU half absent" in text and "not measured (GPU half absent)" in text
-    assert text.count("| cpu |") == 4
-
-    parent = report["mlflow"]["run_id"]
-    runs = store.runs("reprotrain-bench")
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
-    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
-    assert all(positive(r.data.metrics["samples_per_s"]) for r in children)
-    artifacts = {a.path for a in store.client.list_artifacts(parent)}
-    assert {"bench.json", "crossover.png", "crossover.md"} <= artifacts
-
-
-def test_cuda_requested_without_gpu_fails_with_hint(tmp_path: Path, store: Store) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is visible: the request can be met")
-    result = subprocess.run(
-        [PYTHON, "-m", "reprotrain.bench", "--quick", "--devices", "cpu,cuda"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "device=cuda was requested" in result.stderr and "fix:" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
-# ---------------------------------------------------------------- the variants differ in overhead only
-
-
-@pytest.fixture(scope="module")
-def dataset():
-    return bench_dataset(64)
-
-
-def test_every_variant_walks_the_same_batches(dataset) -> None:
-    """a's host batches, b's and c's (resident, or streamed by the DataLoader) and d's loader,
-    across an epoch boundary, where the next epoch_order takes over."""
-    total = len(dataset.train) // 64 + 3
-    expected = list(reference_batches(dataset, 64, CPU).take(total))
-    streams = {
-        "b, c resident": make_batches(
-            dataset.train, bench_config(CPU, 64, total, 0, resident="true").train, CPU
-        ).take(total),
-        "b, c streamed": make_batches(
-            dataset.train, bench_config(CPU, 64, total, 0, resident="false").train, CPU
-        ).take(total),
-        "d": lightning_batches(dataset, 64, total),
-    }
-    assert not torch.equal(expected[0][1], expected[-3][1])  # a new epoch, a new order
-    for name, stream in streams.items():
-        batches = list(stream)
-        assert len(batches) == total, name
-        for step, ((x, y), (want_x, want_y)) in enumerate(zip(batches, expected, strict=True)):
-            assert torch.equal(x, want_x) and torch.equal(y, want_y), f"{name}, step {step + 1}"
-
-
-def test_lightning_gives_the_course_loop_losses(dataset, tmp_path: Path) -> None:
-    """d starts from a's weights and walks a's batches with the same (default) AdamW."""
-    pytest.importorskip("lightning", reason="the `bench` extra (lightning) is not installed")
-    uri = f"sqlite:///{tmp_path / 'lightning.db'}"
-    uri_before = os.environ.get("MLFLOW_TRACKING_URI")
-    entry, lightning = lightning_or_reason(CPU, dataset, 64, STEPS, WARMUP, uri, tmp_path)
-    assert os.environ.get("MLFLOW_TRACKING_URI") == uri_before  # MLFlowLogger's, put back
-    _, course = course_loop(CPU, dataset, 64, STEPS, WARMUP)
-    assert entry["measured_steps"] == STEPS - WARMUP and len(lightning) == STEPS
-    assert lightning[0] == course[0]  # same weights, same first batch
-    torch.testing.assert_close(lightning, course, rtol=1e-5, atol=1e-6)
-
-
-def test_the_core_never_imports_the_benchmark() -> None:
-    """Every module outside reprotrain.bench imports without pulling the benchmark in."""
-    code = (
-        "import importlib, pathlib, sys, reprotrain\n"
-        "root = pathlib.Path(reprotrain.__file__).parent\n"
-        "for path in sorted(root.rglob('*.py')):\n"
-        "    parts = path.relative_to(root).with_suffix('').parts\n"
-        "    if parts[0] == 'bench' or parts[-1] == '__main__':\n"
-        "        continue\n"
-        "    parts = parts[:-1] if parts[-1] == '__init__' else parts\n"
-        "    importlib.import_module('.'.join(('reprotrain', *parts)))\n"
-        "print(sum(name.startswith('reprotrain.') for name in sys.modules))\n"
-        "print(sorted(name for name in sys.modules if name.startswith('reprotrain.bench')))\n"
-    )
-    result = subprocess.run(
-        [PYTHON, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    imported, bench_modules = result.stdout.strip().splitlines()
-    assert int(imported) > 20  # the core really was imported
-    assert bench_modules == "[]"
-
-
-# ---------------------------------------------------------------- the fast paths keep the math
-
-
-def test_fused_adamw_gives_the_default_adamw_losses(dataset) -> None:
-    fused, fused_losses = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, fused=True)
-    plain, plain_losses = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, fused=False)
-    assert len(fused_losses) == len(plain_losses) == STEPS
-    assert fused_losses[0] == plain_losses[0]  # same weights, same first batch
-    torch.testing.assert_close(fused_losses, plain_losses, rtol=1e-5, atol=1e-6)
-
-
-def test_reprotrain_step_gives_the_course_loop_losses(dataset) -> None:
-    _, course = course_loop(CPU, dataset, 64, STEPS, WARMUP)  # default AdamW, .item() per step
-    _, ours = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP)  # fused AdamW, batched reads
-    torch.testing.assert_close(ours, course, rtol=1e-5, atol=1e-6)
-
-
-def test_resident_batches_give_the_copied_batches_losses(dataset) -> None:
-    _, resident = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, resident="true")
-    _, copied = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, resident="false")
-    assert resident == copied
-
-
-@pytest.mark.gpu
-def test_resident_batches_give_the_copied_batches_losses_on_cuda(dataset) -> None:
-    require_cuda()
-    cuda = torch.device("cuda")
-    kept, resident = reprotrain_step(cuda, dataset, 64, STEPS, WARMUP, resident="true")
-    moved, copied = reprotrain_step(cuda, dataset, 64, STEPS, WARMUP, resident="false")
-    assert kept["resident_data"] and not moved["resident_data"]
-    torch.testing.assert_close(resident, copied, rtol=1e-6, atol=1e-7)
-
-
-def test_compiled_step_gives_the_eager_losses(dataset) -> None:
-    if compiler_missing():
-        pytest.skip(f"torch.compile cannot build kernels here: {compiler_missing()}")
-    _, compiled = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, train_options={"compile": True})
-    _, eager = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP)
-    assert compiled[0] == pytest.approx(eager[0], rel=1e-6)  # same weights, same first batch
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
-
-
-LOW_BF16 = {"precision": "bf16", "deterministic": False}  # deterministic mode keeps exact fp32
-
-
-def test_bf16_autocast_changes_the_losses_only_by_rounding(dataset) -> None:
-    _, bf16 = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, train_options=LOW_BF16)
-    _, fp32 = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP)
-    assert bf16 != fp32  # autocast really ran in bf16
-    torch.testing.assert_close(bf16, fp32, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.gpu
-def test_cuda_graph_and_tf32_steps_on_cuda(dataset) -> None:
-    require_cuda()
-    cuda = torch.device("cuda")
-    _, eager = reprotrain_step(cuda, dataset, 64, STEPS, WARMUP)
-    _, graphed = reprotrain_step(
-        cuda, dataset, 64, STEPS, WARMUP, train_options={"cuda_graphs": True}
-    )
-    assert len(graphed) == STEPS and graphed[:3] == eager[:3]  # eager warm-up steps
-    torch.testing.assert_close(graphed, eager, rtol=1e-5, atol=1e-6)
-    _, tf32 = reprotrain_step(
-        cuda, dataset, 64, STEPS, WARMUP, train_options={"tf32": True, "deterministic": False}
-    )
-    torch.testing.assert_close(tf32, eager, rtol=1e-2, atol=1e-2)
-
-
-def test_log_every_does_not_change_the_losses(dataset) -> None:
-    _, every_step = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, log_every=1)
-    _, every_25 = reprotrain_step(CPU, dataset, 64, STEPS, WARMUP, log_every=25)
-    assert every_step == every_25
-
-
-# ---------------------------------------------------------------- the other entry points
-
-
-def test_tracking_overhead_script_prints_the_cost_of_each_cadence(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            PYTHON,
-            str(ROOT / "benchmarks" / "tracking_overhead.py"),
-            "--quick",
-            "--loss-every",
-            "1,5",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"untracked: +[\d,]+ samples/s, \d+\.\d{3} ms/step", result.stdout), (
-        result.stdout
-    )
-    costs = re.findall(
-        r"train/loss every +(\d+) step\(s\): costs -?\d+\.\d% of training time", result.stdout
-    )
-    assert costs == ["1", "5"], result.stdout  # one figure per cadence asked for
-
-
-def run_length(cwd: Path, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
-    """`python benchmarks/run_length.py ARGS`, run in `cwd`."""
+def script(cwd: Path, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME ARGS`, run in `cwd` as a user runs it."""
     return subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "run_length.py"), *args],
+        [PYTHON, str(BENCHMARKS / name), *args],
         cwd=cwd,
         env=child_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def harness() -> ModuleType:
+    """benchmarks/harness.py, loaded from its path (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("harness", BENCHMARKS / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def loss_csv(path: Path) -> list[float]:
+    with path.open() as handle:
+        return [float(row["loss"]) for row in csv.DictReader(handle)]
+
+
+# ---------------------------------------------------------------- compare.py
+
+
+def check_round(entry: dict[str, Any]) -> None:
+    """Every figure measured, and every ratio the quotient (or difference) it says it is."""
+    rows, ratios = entry["rows"], entry["ratios"]
+    assert sorted(entry["order"]) == sorted(rows)
+    for name, figures in rows.items():
+        assert all(positive(figures[key]) for key in ("wall_s", "cpu_s", "peak_rss_mb")), name
+        if name.startswith(("reprotrain", "untracked")):
+            assert all(positive(figures[key]) for key in ("samples_per_s", "startup_s")), name
+            assert ratios[f"{name} / untracked samples/s"] == pytest.approx(
+                figures["samples_per_s"] / rows["untracked"]["samples_per_s"]
+            )
+        assert ratios[f"{name} / lesson wall"] == pytest.approx(
+            figures["wall_s"] / rows["lesson"]["wall_s"]
+        )
+    ours = rows["reprotrain"]
+    assert ratios["in_loop"] == ratios["reprotrain / untracked samples/s"]
+    assert ratios["wall_vs_lesson"] == ratios["reprotrain / lesson wall"]
+    assert ratios["wall_vs_lightning"] == pytest.approx(
+        ours["wall_s"] / rows["lightning"]["wall_s"]
+    )
+    assert ratios["rss_above_lesson_mb"] == pytest.approx(
+        ours["peak_rss_mb"] - rows["lesson"]["peak_rss_mb"]
+    )
+    assert ratios["startup_s"] == ours["startup_s"]
+
+
+def test_compare_prints_every_row_and_the_targets_its_json_holds(tmp_path: Path) -> None:
+    pytest.importorskip("lightning", reason="the `bench` extra (lightning) is not installed")
+    out = tmp_path / "results" / "compare.json"
+    sizes = ("--quick", "--pairs", "1", "--steps", "40", "--json", str(out))
+    done = script(tmp_path, "compare.py", *sizes, "--with", "tracking.loss_every=10")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    extra = "reprotrain tracking.loss_every=10"
+    assert list(result["commands"]) == ["lesson", "reprotrain", "untracked", "lightning", extra]
+    commands = result["commands"]
+    assert commands["lesson"].startswith("python benchmarks/lesson.py --steps 40 --batch-size 64")
+    assert commands["reprotrain"].startswith("python -m reprotrain.train runtime=local device=cpu")
+    assert commands["reprotrain"].endswith("tracking.loss_every=1")
+    assert commands["untracked"].endswith("tracking.loss_every=1 tracking.enabled=false")
+    assert commands["lightning"].startswith("python benchmarks/lesson_lightning.py --steps 40")
+    assert commands[extra].endswith("tracking.loss_every=10")
+    assert result["settings"] == {
+        "steps": 40,
+        "batch_size": 64,
+        "pairs": 1,
+        "device": "cpu",
+        "with": ["tracking.loss_every=10"],
+    }
+    assert result["skipped"] == {} and result["git"]["commit"]
+
+    (only,) = result["rounds"]
+    check_round(only)
+    median = result["median"]  # of one round: that round's figures
+    assert median["ratios"] == only["ratios"]
+    assert median["rows"] == only["rows"]
+
+    printed = {line.split("  ")[0]: line for line in done.stdout.splitlines()}
+    for name in result["commands"]:
+        wall = f"{median['rows'][name]['wall_s']:.2f}"
+        assert re.match(rf"{re.escape(name)} +{re.escape(wall)} ", printed[name]), printed
+    keys = ["in_loop", "wall_vs_lesson", "wall_vs_lightning", "rss_above_lesson_mb", "startup_s"]
+    assert [t["key"] for t in result["targets"]] == keys
+    for target in result["targets"]:
+        value, (op, threshold) = target["value"], target["target"].split()
+        assert value == only["ratios"][target["key"]] and target["per_round"] == [value]
+        assert target["met"] == (
+            value >= float(threshold) if op == ">=" else value <= float(threshold)
+        )
+        shown = format(value, target["format"])
+        word = "met" if target["met"] else "MISSED"
+        line = printed[target["what"]]
+        assert re.search(rf" {re.escape(shown)} +{op} {threshold} +{word} ", line), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]  # scratch removed
+
+
+def test_compare_says_what_was_wrong_with_its_arguments_in_one_line(tmp_path: Path) -> None:
+    done = script(tmp_path, "compare.py", "--pairs", "0", timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].endswith("'0': give an integer >= 1")
+
+
+def test_compare_on_a_device_that_is_not_here_fails_before_any_run(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the request can be met")
+    done = script(tmp_path, "compare.py", "--device", "cuda", "--quick", timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--device cuda" in done.stderr and "fix:" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.gpu
+def test_compare_on_cuda_measures_every_row(tmp_path: Path) -> None:
+    require_cuda()
+    out = tmp_path / "compare.json"
+    done = script(
+        tmp_path, "compare.py", "--device", "cuda", "--quick", "--steps", "40", "--json", str(out)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "device=cuda" in result["commands"]["reprotrain"]
+    check_round(result["rounds"][0])
+
+
+def test_measure_counts_the_largest_process_and_the_cpu_time_of_every_descendant(
+    tmp_path: Path,
+) -> None:
+    """A parent that waits for a child holding ~200 MB and burning ~0.5 s of CPU is charged
+    both; a child its parent left behind is still counted (the helper reaps it)."""
+    measure = harness().measure
+    child = (
+        "import time; data = b'x' * (200 << 20); end = time.process_time() + 0.5\n"
+        "while time.process_time() < end: pass"
+    )
+    waits = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    figures = measure([sys.executable, "-c", waits], tmp_path)
+    assert set(figures) == {"wall_s", "cpu_s", "peak_rss_mb"}
+    assert figures["peak_rss_mb"] >= 200 and figures["cpu_s"] >= 0.5, figures
+    assert figures["wall_s"] >= 0.5, figures
+    leaves = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"
+    left = measure([sys.executable, "-c", leaves], tmp_path)
+    assert left["peak_rss_mb"] >= 200 and left["cpu_s"] >= 0.5, left
+    with pytest.raises(SystemExit, match=r"exited 3: boom"):
+        measure(
+            [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
+            tmp_path,
+        )
+
+
+# ---------------------------------------------------------------- the reference scripts
+
+
+def test_lesson_script_writes_its_weights_and_every_loss(tmp_path: Path) -> None:
+    done = script(tmp_path, "lesson.py", "--steps", "30", "--device", "cpu", "--loss-csv", "l.csv")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("epoch 1: loss ")
+    losses = loss_csv(tmp_path / "l.csv")
+    assert len(losses) == 30 and all(positive(loss) for loss in losses)
+    weights = torch.load(tmp_path / "lesson_model.pt", weights_only=True)
+    assert {k: tuple(v.shape) for k, v in weights.items()} == {
+        "layers.1.weight": (512, 784),
+        "layers.1.bias": (512,),
+        "layers.3.weight": (10, 512),
+        "layers.3.bias": (10,),
+    }
+
+
+def test_lightning_script_gives_the_lesson_losses(tmp_path: Path) -> None:
+    """The Lightning row trains the lesson's model from the same weights on the same batches
+    with the same AdamW: what the comparison charges it for is Lightning, not other work."""
+    pytest.importorskip("lightning", reason="the `bench` extra (lightning) is not installed")
+    sizes = ("--steps", "20", "--device", "cpu")
+    store = Store(tmp_path)
+    lightning = script(
+        tmp_path, "lesson_lightning.py", *sizes, "--tracking-uri", store.uri, "--loss-csv", "d.csv"
+    )
+    assert lightning.returncode == 0, lightning.stderr[-3000:]
+    lesson = script(tmp_path, "lesson.py", *sizes, "--loss-csv", "a.csv")
+    assert lesson.returncode == 0, lesson.stderr[-3000:]
+    theirs, ours = loss_csv(tmp_path / "d.csv"), loss_csv(tmp_path / "a.csv")
+    assert len(theirs) == len(ours) == 20 and theirs[0] == ours[0]
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-6)
+    (run,) = store.runs("lesson-lightning")  # its logger sent every step's loss
+    assert len(store.client.get_metric_history(run.info.run_id, "train/loss")) == 20
+
+
+def run_length(cwd: Path, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/run_length.py ARGS`, run in `cwd`."""
+    return script(cwd, "run_length.py", *args, timeout=timeout)
 
 
 def test_run_length_script_prints_each_pair_and_the_medians(tmp_path: Path) -> None:
@@ -508,53 +256,9 @@ def test_run_length_script_prints_each_pair_and_the_medians(tmp_path: Path) -> N
     assert bad.stderr.splitlines()[-1].endswith("try --steps 300,3000")
 
 
-def worker_start(cwd: Path, rounds: int, timeout: int) -> subprocess.CompletedProcess[str]:
-    """`python benchmarks/worker_start.py --rounds ROUNDS`, run in `cwd`."""
-    return subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "worker_start.py"), "--rounds", str(rounds)],
-        cwd=cwd,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def test_worker_start_script_times_each_link_against_the_training_start_up(
-    tmp_path: Path,
-) -> None:
-    result = worker_start(tmp_path, rounds=1, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    links = re.findall(r"^  (.+?) +(\d+\.\d\d) +(\d+\.\d\d)$", result.stdout, re.M)
-    assert [name for name, _, _ in links] == [
-        "import reprotrain's tracking modules",
-        "import MLflow",
-        "open the store",
-        "import torch",
-        "import mlflow.pytorch",
-        "first export (torch.export, MLflow's requirements check)",
-    ], result.stdout
-    running = 0.0
-    for _, seconds, total in links:  # each a real span; the last column adds them up
-        assert float(seconds) >= 0
-        running += float(seconds)
-        assert float(total) == pytest.approx(running, abs=0.02)
-    # The links that do work (imports of big packages, an export) take time of their own.
-    assert all(float(seconds) > 0 for name, seconds, _ in links if "MLflow" in name), links
-    ready = float(re.search(r"worker ready after: (\d+\.\d\d) s", result.stdout)[1])
-    startup = float(re.search(r"start-up alone .*: (\d+\.\d\d) s", result.stdout)[1])
-    left = float(re.search(r"left over .*: (\d+\.\d\d) s", result.stdout)[1])
-    assert ready == pytest.approx(running, abs=0.02) and startup > 0
-    assert left == pytest.approx(max(ready - startup, 0.0), abs=0.02)
-    assert list((tmp_path).iterdir()) == []  # its store and scratch folders are removed
-    none = worker_start(tmp_path, rounds=0, timeout=60)
-    assert none.returncode == 2 and "Traceback" not in none.stderr
-    assert none.stderr.splitlines()[-1].endswith(
-        "--rounds 0: at least 1 round is needed; try --rounds 3"
-    )
-
-
 def test_crossover_preset_runs_as_a_multirun_under_one_parent(tmp_path: Path, store: Store) -> None:
+    """The CPU-versus-GPU crossover study is the app's own sweep: one parent run, a child per
+    point (scripts/gpu-check.sh runs it on both devices)."""
     result = subprocess.run(
         [
             PYTHON,
@@ -585,28 +289,36 @@ def test_crossover_preset_runs_as_a_multirun_under_one_parent(tmp_path: Path, st
     assert all(r.data.params["train.steps"] == "12" for r in children)
 
 
-@pytest.mark.gpu
-def test_quick_bench_on_cuda_measures_both_halves(tmp_path: Path, store: Store) -> None:
-    require_cuda()
-    _, report = bench(
-        tmp_path,
-        store,
-        "--devices",
-        "cpu,cuda",
-        "--batch-sizes",
-        "4,64",
-        "--crossover",
-        "--hidden-sizes",
-        "16,512",
-    )
-    for device in ("cpu", "cuda"):
-        check_device(report["devices"][device], [4, 64])
-        check_fastpaths(report["fastpaths"][device], [64], device)
-    cuda64 = report["devices"]["cuda"]["batches"]["64"]["variants"]
-    assert all(positive(variant["cuda_peak_mb"]) for variant in cuda64.values())
-    study = report["crossover"]
-    assert study["gpu_absent"] is None
-    shares = [p["copy_share"] for p in study["points"] if p["device"] == "cuda"]
-    assert len(shares) == 4 and all(0 <= share < 1 for share in shares)
-    for found in study["crossover"].values():
-        assert found == "none in range" or found in (4, 64)
+# ---------------------------------------------------------------- the product carries none of it
+
+
+def imported(path: Path) -> set[str]:
+    """The modules a Python file imports (top level of each name: `a.b` for `from a.b import c`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_core_never_imports_the_benchmark() -> None:
+    """The package has no benchmark module, and nothing in src/ imports benchmarks/."""
+    assert importlib.util.find_spec("reprotrain.bench") is None
+    assert not (ROOT / "src" / "reprotrain" / "bench").exists()
+    scripts = {path.stem for path in BENCHMARKS.glob("*.py")}
+    for path in (ROOT / "src").rglob("*.py"):
+        for name in imported(path):
+            top = name.split(".")[0]
+            assert top not in scripts and top != "benchmarks", f"{path} imports {name}"
+            assert not name.startswith("reprotrain.bench"), f"{path} imports {name}"
+
+
+def test_the_benchmarks_reach_reprotrain_only_through_its_command_line() -> None:
+    """benchmarks/ imports no module of reprotrain: it runs `python -m reprotrain.train` and
+    reads the run.json each run writes, so a rewrite of the core's insides cannot break it."""
+    for path in BENCHMARKS.glob("*.py"):
+        reached = {name for name in imported(path) if name.split(".")[0] == "reprotrain"}
+        assert not reached, f"{path.name} imports {sorted(reached)}"
+        assert "import reprotrain" not in path.read_text(), path.name  # nor in a -c string

@@ -290,7 +290,9 @@ def test_evaluate_rebuilds_any_model_from_model_pt(tmp_path: Path, store: Store)
     evaluated = json.loads((tmp_path / "eval" / "eval.json").read_text())
     recorded = json.loads((tmp_path / "results" / "metrics.json").read_text())
     assert evaluated["eval_accuracy"] == pytest.approx(recorded["val_accuracy"], abs=1e-9)
-    assert store.only_run().data.metrics["val/eval_accuracy"] == pytest.approx(recorded["val_accuracy"])
+    assert store.only_run().data.metrics["val/eval_accuracy"] == pytest.approx(
+        recorded["val_accuracy"]
+    )
 
 
 BAD = {
