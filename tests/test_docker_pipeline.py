@@ -326,7 +326,7 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
     assert 100 <= done < 2000
     assert [step for step, _ in store.losses(stopped.info.run_id)] == list(range(1, done + 1))
     checkpoint = repo / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
-    assert torch.load(checkpoint, weights_only=True)["step"] == done  # written at the stop
+    assert torch.load(checkpoint, weights_only=True)["trainer"]["step"] == done  # at the stop
 
     resumed = run_app(repo, *STOP_RESUME_RUN, "train.resume=last", timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -141,8 +141,9 @@ def test_group_killed_before_the_first_checkpoint_is_cleaned_with_start_again(
     --clean` ends the run KILLED and says to start it again, not to resume it (which would
     fail: no checkpoint). The run names its checkpoint folder (`reprotrain.checkpoint_dir`)."""
     store = ready_store(tmp_path)
-    first = ("train.steps=1500", "train.checkpoint_every=0", "train.checkpoint_every_s=3600")
-    proc = start_training(tmp_path, store.uri, *first)
+    # Points sent every 0.5 s: the kill comes early in the run, long before its last step.
+    first = ("train.steps=3000", "train.checkpoint_every=0", "train.checkpoint_every_s=3600")
+    proc = start_training(tmp_path, store.uri, *first, "tracking.flush_every_s=0.5")
     wait_for_losses(store, 100, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
