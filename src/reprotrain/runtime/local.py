@@ -105,8 +105,10 @@ def train(job: Job, group: distributed.Group = distributed.SINGLE) -> dict[str, 
     if finishing and status == "FINISHED":
         raise already_finished(config, resume_from, status)
     job.info = describe_device(device)
-    job.startup_s = process_age_s()  # process start to first step
     with open_run(job, group, resume_from) as recorder:
+        if job.tracking_uri:  # the data as the run's inputs: the run page's Datasets
+            recorder.log_inputs(as_mlflow_datasets(job.pieces.splits, *dataset_source(config)))
+        job.startup_s = process_age_s()  # process start to first step, the run open
         fitted = (
             finished_fit(trainer, total) if finishing else fit(job, trainer, recorder, stop, total)
         )
@@ -173,7 +175,6 @@ def fit(
 ) -> Fitted:
     """Train to `total`, checkpointing (rank 0) as train.checkpoint_* say."""
     config, group = job.config, trainer.group
-    recorder.log_inputs(as_mlflow_datasets(job.pieces.splits, *dataset_source(config)))
     path = checkpoint_path(config.train.checkpoint_dir, recorder.run_id)
     model_class = class_name(job.pieces.model)
 
