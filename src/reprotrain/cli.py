@@ -12,6 +12,8 @@ return the objective a sweeper optimises. `python -m reprotrain.train` runs `mai
 
 from __future__ import annotations
 
+import atexit
+import gc
 import signal
 import sys
 from pathlib import Path
@@ -82,6 +84,11 @@ def check_conf_digest(config: Config) -> None:
 
 
 def main() -> None:
+    # The interpreter's last full collection at exit walks every object torch, Hydra and
+    # MLflow made: 1.8 s of each run's end here (a smoke run ended at 5.7 s and exited at
+    # 7.6-8.0 s without this, 5.8-6.2 s with it). Objects frozen are left to the operating
+    # system. Registered first, so it runs after every other exit handler.
+    atexit.register(gc.freeze)
     put_project_on_path()
     argv = overrides.normalise(sys.argv[1:])
     try:
