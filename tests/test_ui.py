@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, Store, child_env, require_chromium, train
+from teamserver import free_port, stop_group, wait_until
 
 SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
 FLAGS = [
@@ -49,37 +47,21 @@ def mlflow_ui(trained: tuple[Store, str]) -> Iterator[str]:
     """`mlflow ui` on a free 127.0.0.1 port over the run's store, in its own process group."""
     store, _ = trained
     port = free_port()
+    command = ["ui", "--backend-store-uri", store.uri, "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "ui", "--backend-store-uri", store.uri, "--host", "127.0.0.1"]
-        + ["--port", str(port)],
+        [str(BIN / "mlflow"), *command],
         env=child_env(),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2):
-                    break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-                time.sleep(0.5)
+        health = f"{url}/health"
+        wait_until(lambda: urllib.request.urlopen(health, timeout=2).status == 200, "ui", proc)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and its job-consumer children
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        stop_group(proc)  # the server and its job-consumer children
 
 
 @pytest.mark.browser
