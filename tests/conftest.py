@@ -35,6 +35,18 @@ def require_cuda() -> None:
         pytest.skip("needs a CUDA device: none is visible to torch here")
 
 
+# Headless Chromium on a CI machine: no sandbox (root), no GPU, no network of its own.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
 def require_chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if not path:

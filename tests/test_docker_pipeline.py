@@ -19,6 +19,7 @@ import pytest
 
 from conftest import (
     BIN,
+    CHROMIUM_FLAGS,
     PYTHON,
     ROOT,
     Store,
@@ -206,17 +207,8 @@ def test_run_page_in_chromium_shows_the_container_run_and_its_artifacts(
     run = Store(repo).only_run()
     page_url = f"{mlflow_ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     mode = "?workflowType=machine_learning"  # the link a run prints (tests/test_ui.py)
-    flags = [
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-    ]
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=flags)
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(page_url + mode)
         page.get_by_text(run.data.tags["device.name"]).first.wait_for(timeout=60_000)

@@ -14,19 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, Store, child_env, require_chromium, train
+from conftest import BIN, CHROMIUM_FLAGS, Store, child_env, require_chromium, train
 from teamserver import free_port, stop_group, wait_until
 
 SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WAIT_MS = 90_000  # the UI draws slowly on a loaded 2-core machine
 
 
@@ -76,7 +67,7 @@ def test_printed_link_opens_model_training_with_loss_first_system_metrics_and_da
     assert link.endswith(f"/runs/{run.info.run_id}?workflowType=machine_learning")
     page_url = link.replace("http://127.0.0.1:5000", mlflow_ui)  # the UI's port here
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=FLAGS)
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()  # fresh
         page.goto(page_url)
         page.get_by_text(run.data.tags["device.name"]).first.wait_for(timeout=WAIT_MS)
