@@ -103,8 +103,8 @@ print(f"cnn on cuda: step {m['step_ms_median']:.4f} ms, val accuracy {m['val_acc
       f"loaded back on the cpu: {accuracy:.4f}")
 PYCNN
 
-say "fast paths through the app on cuda: CUDA graph, bf16 + TF32, torch.compile"
-for options in "train.cuda_graphs=true" "train.precision=bf16 train.tf32=true train.deterministic=false" "train.compile=true"; do
+say "fast paths through the app on cuda: CUDA graph, bf16 + TF32, fp16 with its GradScaler (clipped, accumulated), torch.compile"
+for options in "train.cuda_graphs=true" "train.precision=bf16 train.tf32=true train.deterministic=false" "train.precision=fp16 train.deterministic=false train.clip_grad_norm=1.0 train.accumulate_grad_batches=2" "train.compile=true"; do
     slug="${options//[ =.]/-}"
     # shellcheck disable=SC2086  # options is a list of overrides
     if ! "$PY" -m reprotrain.train runtime=local device=cuda data.num_samples=8192 train.steps=300 \

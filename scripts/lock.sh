@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate the lock files from the ranges in pyproject.toml: resolve the runtime set alone
-# (requirements.lock: host and images), then everything else (requirements-dev.lock). Every pin
+# (requirements.lock: host and images), then the development set (requirements-dev.lock), then
+# the `hf` extra on top of it (requirements-hf.lock: transformers and only what it adds, every
+# package the development set shares with it at that set's version). Every pin
 # carries the sha256 of each file PyPI has for that version (wheels for all platforms and the
 # sdist), so installs run in pip's hash-checking mode (--require-hashes) and a file that differs
 # from the one locked is refused.
@@ -44,10 +46,12 @@ if $keep; then
     # pins instead of the ranges, and keep the CUDA section's pins where torch allows them.
     runtime=$(locked requirements.lock)
     dev=$(locked requirements-dev.lock)
+    hf=$(locked requirements-hf.lock)
     sed -n 's/^\([A-Za-z0-9][^ ;]*==[^ ;]*\) ; extra == "cuda".*/\1/p' requirements.lock > "$work/cuda-pins.txt"
 else
     runtime=$("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))')
     dev=$("$PY" -c 'import tomllib; d=tomllib.load(open("pyproject.toml","rb"))["project"]["optional-dependencies"]; print("\n".join(d["dev"]+d["bench"]))')
+    hf=$("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["project"]["optional-dependencies"]["hf"]))')
     : > "$work/cuda-pins.txt"
 fi
 freeze() { pip freeze --all --exclude-editable | grep -v '^pip==' | sed 's/+cpu//' | LC_ALL=C sort -f; }
@@ -59,6 +63,11 @@ echo "$dev" | pip install --quiet --report "$work/installed-dev.json" -r /dev/st
 freeze > "$work/all.txt"
 # Development lock = everything installed now, less what the runtime lock already pins.
 grep -v -i -x -F -f "$work/runtime.txt" "$work/all.txt" > "$work/dev.txt"
+# Hugging Face lock = what the `hf` extra adds to that set, whose versions are constraints:
+# scripts/setup.sh installs it with --no-deps next to .venv, which keeps the shared packages.
+echo "$hf" | pip install --quiet --report "$work/installed-hf.json" -c "$work/all.txt" -r /dev/stdin
+freeze > "$work/all-hf.txt"
+grep -v -i -x -F -f "$work/all.txt" "$work/all-hf.txt" > "$work/hf.txt"
 torch_version="$(sed -n 's/^torch==//p' "$work/runtime.txt")"
 test -n "$torch_version"
 
@@ -78,7 +87,8 @@ pip download --quiet --no-deps --only-binary=:all: --dest "$work/cpu" \
     "torch==$torch_version+cpu"
 
 "$work/venv/bin/python" - "$work" <<'PY'
-"""Write requirements.lock and requirements-dev.lock with PyPI's sha256 for every pinned file."""
+"""Write requirements.lock, requirements-dev.lock and requirements-hf.lock with PyPI's sha256 for
+every pinned file."""
 import concurrent.futures
 import hashlib
 import json
@@ -126,7 +136,7 @@ def pypi_hashes(name, version):
     return found
 
 
-runtime, dev = pins(work / "runtime.txt"), pins(work / "dev.txt")
+runtime, dev, hf = pins(work / "runtime.txt"), pins(work / "dev.txt"), pins(work / "hf.txt")
 runtime_versions = {canonicalize_name(n): v for n, v in runtime.items()}
 cuda = {}
 for item in json.loads((work / "cuda.json").read_text())["install"]:
@@ -136,7 +146,7 @@ for item in json.loads((work / "cuda.json").read_text())["install"]:
     elif canonicalize_version(runtime_versions[canonicalize_name(name)]) != canonicalize_version(version):
         sys.exit(f"lock: the CUDA torch resolved {name}=={version}, the runtime lock pins another version")
 
-wanted = {**runtime, **dev, **cuda}
+wanted = {**runtime, **dev, **hf, **cuda}
 with concurrent.futures.ThreadPoolExecutor(8) as pool:
     hashes = dict(zip(wanted, pool.map(pypi_hashes, wanted, wanted.values())))
 
@@ -149,7 +159,7 @@ hashes[torch_name] = hashes[torch_name] | {cpu_sha256}
 # mirror's own build) is reported and left out: hash-checked installs then take PyPI's file.
 by_name = {canonicalize_name(n): hashes[n] for n in wanted}
 foreign = []
-for report in ("installed-runtime.json", "installed-dev.json"):
+for report in ("installed-runtime.json", "installed-dev.json", "installed-hf.json"):
     for item in json.loads((work / report).read_text())["install"]:
         info = item["download_info"]
         sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
@@ -189,8 +199,15 @@ pathlib.Path("requirements-dev.lock").write_text(
     "# sha256 of each of its files on PyPI. Install with pip's --require-hashes. Regenerate with scripts/lock.sh.\n"
     "-r requirements.lock\n" + block(dev)
 )
+pathlib.Path("requirements-hf.lock").write_text(
+    "# reprotrain Hugging Face test lock (transformers and what only it needs): every version pinned,\n"
+    "# with the sha256 of each of its files on PyPI. scripts/setup.sh installs it with --no-deps into\n"
+    "# .venv/hf-site, apart from .venv: torchmetrics imports transformers whenever it is installed.\n"
+    "# Regenerate with scripts/lock.sh.\n" + block(hf)
+)
 print(
-    f"lock: {len(runtime)} runtime, {len(cuda)} CUDA-only, {len(dev)} development packages,"
+    f"lock: {len(runtime)} runtime, {len(cuda)} CUDA-only, {len(dev)} development,"
+    f" {len(hf)} Hugging Face packages,"
     f" {sum(map(len, hashes.values()))} hashes; CPU torch wheel {cpu_wheel.name} sha256:{cpu_sha256}"
 )
 PY

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a checkout: a virtual environment in .venv with every locked dependency (hash-checked
-# against the lock files) and reprotrain itself (editable). Safe to run again; it only adds what
-# is missing.
+# against the lock files) and reprotrain itself (editable), plus transformers in .venv/hf-site
+# (requirements-hf.lock), a folder only the Hugging Face tests put on PYTHONPATH. Safe to run
+# again; it only adds what is missing.
 #
 #   scripts/setup.sh && . .venv/bin/activate
 #
@@ -65,4 +66,32 @@ fi
 pip_install --require-hashes --no-build-isolation --use-pep517 -r requirements-dev.lock -r "$tmp/cuda.txt"
 # --no-build-isolation: build with the locked setuptools already in .venv, nothing fetched.
 pip_install --no-deps --no-build-isolation -e .
+
+# transformers, apart: torchmetrics imports it whenever it can (torchmetrics issue #2242), a
+# slower start for every training process, so it is not in .venv but in .venv/hf-site, which
+# the tests that need it put on PYTHONPATH (tests/conftest.py: hf_env). --no-deps: the lock
+# holds only what transformers adds; numpy, pyyaml, tqdm, ... come from .venv. A .venv made
+# before the move loses its copy. Reinstalled only when the lock changed.
+hf_site=.venv/hf-site
+hf_names() { sed -n 's/^\([A-Za-z0-9][^ =]*\)==.*/\1/p' requirements-hf.lock; }
+# shellcheck disable=SC2046  # one argument per package name
+in_venv="$(.venv/bin/python -I - $(hf_names) <<'PY'
+import importlib.metadata, sys
+
+print(" ".join(name for name in sys.argv[1:] if list(importlib.metadata.distributions(name=name))))
+PY
+)"
+if [ -n "$in_venv" ]; then
+    echo "setup: moving $in_venv from .venv to $hf_site" >&2
+    # shellcheck disable=SC2086  # one argument per package name
+    .venv/bin/python -m pip uninstall --disable-pip-version-check --quiet -y $in_venv
+fi
+if ! cmp -s requirements-hf.lock "$hf_site/requirements-hf.lock"; then
+    echo "setup: installing requirements-hf.lock (transformers) into $hf_site" >&2
+    rm -rf "$hf_site.new"
+    pip_install --require-hashes --no-deps --target "$hf_site.new" -r requirements-hf.lock
+    cp requirements-hf.lock "$hf_site.new/"
+    rm -rf "$hf_site"
+    mv "$hf_site.new" "$hf_site"
+fi
 echo "setup: done; activate with: . .venv/bin/activate" >&2

@@ -127,6 +127,22 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# transformers and what only it needs (requirements-hf.lock), installed by scripts/setup.sh apart
+# from .venv: torchmetrics imports transformers whenever it can (torchmetrics issue #2242), which
+# would slow the start of every training process.
+HF_SITE = ROOT / ".venv" / "hf-site"
+
+
+def hf_env(**extra: str) -> dict[str, str]:
+    """child_env(**extra) for a process that imports transformers: HF_SITE after the PYTHONPATH
+    it has (given or inherited), and the Hugging Face Hub offline (models come from configs)."""
+    if not (HF_SITE / "transformers").is_dir():
+        pytest.fail(f"transformers is not installed in {HF_SITE}: run scripts/setup.sh")
+    env = child_env(**{"HF_HUB_OFFLINE": "1", **extra})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(HF_SITE)]))
+    return env
+
+
 def imported_modules(stderr: str) -> list[str]:
     """The modules named by `-X importtime` (or PYTHONPROFILEIMPORTTIME) lines in `stderr`."""
     return [

@@ -54,7 +54,7 @@ CASES = {
     # in_features follows the data; a value given by hand that the data does not have
     "features mismatch": (
         ["data=digits", "+model.in_features=784"],
-        "the model MLP cannot take the data's inputs (a batch of 2x64",
+        "the model MLP cannot take the data's batches under task Classification (a batch of (2x64, 2)",
     ),
     "num_features for digits": (
         ["data=digits", "data.num_features=784"],
@@ -96,6 +96,27 @@ CASES = {
     "compile and cuda graphs": (
         ["train.compile=true", "train.cuda_graphs=true"],
         "train.compile=true and train.cuda_graphs=true: pick one",
+    ),
+    # Hydra makes the run folder before the job starts (a traceback there, before)
+    "run folder under a file": (
+        ["hydra.run.dir=/dev/null/x"],
+        "hydra.run.dir='/dev/null/x' cannot be made: /dev/null is not a folder",
+    ),
+    "sweep folder under a file": (
+        ["--multirun", "train.seed=1,2", "hydra.sweep.dir=/dev/null/x"],
+        "hydra.sweep.dir='/dev/null/x' cannot be made: /dev/null is not a folder",
+    ),
+    # checked against the constructor's annotation, not left to `'<' not supported ...`
+    "size not a number": (
+        ["model.hidden_size=abc"],
+        "model.hidden_size='abc' is not an integer; allowed: an integer "
+        "(reprotrain.models.MLP takes hidden_size, default 512)",
+    ),
+    # accepted before, and a NaN loss at step 2
+    "infinite lr": (["optimizer.lr=inf"], "optimizer.lr=inf is out of range; allowed: a finite"),
+    "loss class of another kind": (
+        ["loss._target_=collections.OrderedDict"],
+        "loss._target_='collections.OrderedDict' is a collections.OrderedDict, not a torch.nn",
     ),
 }
 

@@ -2,13 +2,15 @@
 
 Every pinned requirement carries sha256 hashes, and every install of the lock (scripts/setup.sh,
 Dockerfile.cpu, Dockerfile.cuda) runs in pip's hash-checking mode, so a file that is not the one
-locked is refused. scripts/lock.sh writes the hashes.
+locked is refused. scripts/lock.sh writes the hashes. transformers (requirements-hf.lock) lives
+apart from .venv, in a folder only the processes that need it put on their path.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -18,9 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from conftest import HF_SITE, PYTHON, child_env, hf_env
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCKS = ("requirements.lock", "requirements-dev.lock")
+LOCKS = ("requirements.lock", "requirements-dev.lock", "requirements-hf.lock")
 INSTALLERS = ("scripts/setup.sh", "Dockerfile.cpu", "Dockerfile.cuda")
 CPU_WHEEL_DIRS = (Path("/opt/wheels"),)  # where this project's CI keeps PyTorch's CPU wheel
 REQUIREMENT = re.compile(
@@ -105,7 +111,7 @@ def test_cuda_only_entries_are_marked_for_the_cuda_image() -> None:
     assert any(name.startswith("nvidia-") for name in cuda), (
         "no nvidia-* wheels for torch's CUDA build"
     )
-    assert not any(e.marker for e in entries("requirements-dev.lock"))
+    assert not any(e.marker for lock in LOCKS[1:] for e in entries(lock))
 
 
 def test_torch_carries_pypi_and_cpu_wheel_hashes() -> None:
@@ -223,3 +229,66 @@ def test_pip_hash_mode_refuses_a_file_that_is_not_the_locked_one(
     else:
         assert result.returncode != 0, f"pip accepted a tampered wheel ({tamper})"
         assert "THESE PACKAGES DO NOT MATCH THE HASHES" in result.stderr, result.stderr
+
+
+def site_packages() -> Path:
+    """The venv's own site-packages: where the main install puts every package."""
+    (path,) = {Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()}
+    return path
+
+
+def installed(folder: Path) -> dict[str, str]:
+    """canonical name -> version of every distribution installed in `folder`."""
+    found = importlib.metadata.distributions(path=[str(folder)])
+    return {canonicalize_name(d.metadata["Name"]): d.version for d in found}
+
+
+def hf_site() -> dict[str, str]:
+    if not (HF_SITE / "transformers").is_dir():
+        pytest.fail(f"transformers is not installed in {HF_SITE}: run scripts/setup.sh")
+    return installed(HF_SITE)
+
+
+def test_hf_site_holds_exactly_the_hf_lock_and_nothing_the_venv_has() -> None:
+    locked = {canonicalize_name(e.name): e.version for e in entries("requirements-hf.lock")}
+    assert "transformers" in locked
+    # Installed with --no-deps beside .venv: `-r requirements-dev.lock` would copy the venv there.
+    assert not any(line.startswith("-r ") for line in logical_lines(ROOT / "requirements-hf.lock"))
+    assert hf_site() == locked, "rerun scripts/setup.sh"
+    venv = installed(site_packages())
+    assert not locked.keys() & venv.keys(), (
+        f"in .venv and in {HF_SITE}: {sorted(locked.keys() & venv.keys())}"
+    )
+
+
+def test_what_hf_site_requires_is_installed_in_the_venv_or_beside_it() -> None:
+    """pip check for .venv plus HF_SITE: shared packages (numpy, pyyaml, tqdm, ...) come from .venv."""
+    available = {**installed(site_packages()), **hf_site()}
+    unmet = []
+    for dist in importlib.metadata.distributions(path=[str(HF_SITE)]):
+        for requirement in map(Requirement, dist.requires or []):
+            if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+                continue
+            version = available.get(canonicalize_name(requirement.name))
+            if version is None or not requirement.specifier.contains(version, prereleases=True):
+                unmet.append(f"{dist.metadata['Name']} needs {requirement}, found {version}")
+    assert not unmet, unmet
+
+
+@pytest.mark.parametrize("hf", [False, True], ids=["child_env", "hf_env"])
+def test_transformers_is_importable_only_where_hf_env_puts_it(hf: bool) -> None:
+    """torchmetrics imports transformers whenever find_spec finds it: every training process
+    (child_env) must not find it, and the Hugging Face tests (hf_env) must."""
+    find = "import importlib.util; print(importlib.util.find_spec('transformers'))"
+    result = subprocess.run(
+        [PYTHON, "-c", find],
+        env=hf_env() if hf else child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    if hf:
+        assert str(HF_SITE / "transformers") in result.stdout
+    else:
+        assert result.stdout.strip() == "None", result.stdout

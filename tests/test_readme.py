@@ -31,6 +31,11 @@ COVERED = {
     "python -m reprotrain.train data=digits train.steps=300": "test_readme::test_digits_command",
     "python -m reprotrain.train --multirun optimizer=adamw,sgd train.batch_size=32,256": "test_train::test_multirun_groups_runs_under_a_parent",
     "python -m reprotrain.train --cfg job": "test_train::test_cfg_job_prints_the_composed_config",
+    "reprotrain-train --help": "test_project_code::test_help_lists_the_groups_without_hydras_banner_or_internal_keys (the script's main)",
+    'eval "$(reprotrain-train -sc install=bash)"': "test_project_code::test_bash_completes_groups_and_options_of_the_console_script",
+    "dvc exp run -S model=tiny -S code=my_project": "test_project_code::test_stages_depend_on_the_users_code_folder_once_code_names_it",
+    "scripts/lock-extra.sh einops==0.8.2": "test_project_code::test_lock_extra_pins_hashes_that_pip_checks + test_containers::test_extra_package_from_the_extra_lock_reaches_the_cpu_image",
+    "pip install --require-hashes -r requirements-extra.lock": "test_project_code::test_lock_extra_pins_hashes_that_pip_checks (into a --target folder)",
     "python -m reprotrain.train runtime=local train.compile=true": "test_readme::test_compile_command",
     "python -m reprotrain.train device=cuda train.cuda_graphs=true": "scripts/gpu-check.sh (fast paths)",
     "python -m reprotrain.train optimizer.lr=-1": "test_bad_input::test_bad_input_is_one_clear_line",
@@ -78,6 +83,8 @@ COVERED = {
     "python -m reprotrain.train runtime=docker device=cpu train.nproc=2": "test_docker_pipeline::test_train_nproc_runs_torchrun_in_the_container_as_one_run",
     "docker run --rm --gpus all reprotrain:cuda torchrun --nproc-per-node=gpu -m reprotrain.train device=cuda": "scripts/gpu-check.sh --docker",
     "python -m reprotrain.train --multirun hydra/launcher=slurm hydra.launcher.partition=gpu optimizer=adamw,sgd": "test_sweeps::test_bad_sweep_is_one_line_before_any_run (no sbatch here) + test_sweeps::test_the_slurm_launcher_config_composes_with_what_a_site_fills_in",
+    "python -m reprotrain.train task=regression model=regression_mlp data=diabetes train.val_every=20": "test_tasks::test_workload_validates_resumes_reproduces_and_its_model_loads (experiment=wl_regression sets these groups, val_every 20)",
+    "python -m reprotrain.train train.val_every=100 train.early_stopping={patience:3} train.keep_best=true scheduler=plateau": "test_knobs::test_validation_drives_early_stopping_the_best_weights_and_a_plateau_scheduler (the same settings, smaller)",
     "python -m reprotrain.train --multirun hydra/launcher=submitit_local optimizer=adamw,sgd": "test_sweeps::test_parallel_launcher_jobs_finish_under_one_parent_each_in_its_folder",
 }
 

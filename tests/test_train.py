@@ -105,7 +105,7 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
     assert {"config.yaml", "loss.svg", "model.pt", "loss.csv"} <= artifacts
     assert [m.name for m in logged_models(store, run.info.run_id)] == ["model"]  # MLflow Model
     saved = torch.load(tmp_path / "results" / "model.pt", weights_only=True)
-    assert saved["format"] == 2 and saved["num_classes"] == 10
+    assert saved["format"] == 3 and saved["num_classes"] == 10
     assert saved["model"] == {
         "_target_": "reprotrain.models.MLP",
         "hidden_size": 512,
@@ -278,8 +278,14 @@ def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -
         "model",
         "optimizer",
         "scheduler",
+        "scaler",
         "torch_rng",
         "cuda_rng",
+        "task",
+        "callbacks",
+        "best",
+        "validation",
+        "stopped_early",
         "losses",
         "timings",
     }

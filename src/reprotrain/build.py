@@ -18,20 +18,25 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from hydra.utils import get_object, instantiate
 from torch import nn
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
-from reprotrain.data import Splits, as_splits, read_npz, sample_of
+from reprotrain.callbacks import EarlyStopping
+from reprotrain.data import Splits, as_splits, read_npz
+from reprotrain.data.batches import Reading
+from reprotrain.data.splits import first_batch, input_sample
+from reprotrain.data.structure import describe, move_to
 from reprotrain.devices import available_memory
 from reprotrain.errors import ConfigError, DeviceError
+from reprotrain.metrics import build_metrics, higher_is_better
 from reprotrain.schema import Config, drop_auto_fused, target_kwargs
+from reprotrain.tasks import Classification, check_task, logits_of
 
 
 @dataclass
@@ -44,7 +49,12 @@ class Pieces:
     loss_fn: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any  # torch.optim.lr_scheduler.LRScheduler | None
-    scheduler_interval: str  # "step" or "epoch"
+    scheduler_interval: str  # "step", "epoch", or "validation" (stepped with scheduler.monitor)
+    task: Any = field(default_factory=Classification)  # tasks.Task
+    metrics: dict[str, Any] = field(default_factory=dict)  # name -> torchmetrics Metric
+    callbacks: dict[str, Any] = field(default_factory=dict)  # name -> callback object
+    reading: Reading = field(default_factory=Reading)  # data.shuffle, data.collate_fn
+    monitor: str | None = None  # scheduler.monitor: the figure a ReduceLROnPlateau steps with
 
 
 def build(config: Config, device: torch.device, splits: Splits | None = None) -> Pieces:
@@ -58,7 +68,46 @@ def build(config: Config, device: torch.device, splits: Splits | None = None) ->
         config.optimizer, model.parameters(), device, capturable=config.train.cuda_graphs
     )
     scheduler, interval = build_scheduler(config.scheduler, optimizer)
-    return Pieces(splits, model, model_config, loss_fn, optimizer, scheduler, interval)
+    task = build_task(config.task).bind(model)
+    metrics = build_metrics(config.metrics, splits.num_classes, device, instantiate_node)
+    pieces = Pieces(splits, model, model_config, loss_fn, optimizer, scheduler, interval, task)
+    pieces.metrics, pieces.callbacks = metrics, build_callbacks(config)
+    pieces.reading = build_reading(config.data)
+    pieces.monitor = config.scheduler.get("monitor") if config.scheduler else None
+    return pieces
+
+
+def build_task(node: dict[str, Any]) -> Any:
+    return check_task(_instantiate("task", node), node["_target_"])
+
+
+def build_callbacks(config: Config) -> dict[str, Any]:
+    """The `callbacks` config's objects, and train.early_stopping's EarlyStopping."""
+    built = {
+        name: _instantiate(f"callbacks.{name}", node) for name, node in config.callbacks.items()
+    }
+    stopping = config.train.early_stopping
+    if stopping is not None:
+        metric = config.metrics.get(config.train.objective.removeprefix("val/"))
+        higher = higher_is_better(get_object(metric["_target_"])) if metric else False
+        built["early_stopping"] = EarlyStopping(
+            config.train.objective, stopping.patience, stopping.min_delta, higher
+        )
+    return built
+
+
+def build_reading(data: dict[str, Any]) -> Reading:
+    """How the batches are read: data.shuffle, and data.collate_fn (a `_target_`: a class
+    whose instance is called, or a function with `_partial_: true`)."""
+    node = data.get("collate_fn")
+    collate_fn = _instantiate("data.collate_fn", node) if node else None
+    if collate_fn is not None and not callable(collate_fn):
+        raise ConfigError(
+            f"data.collate_fn._target_={node['_target_']!r} built a "
+            f"{type(collate_fn).__name__}, which cannot be called with a list of items",
+            hint="name a function with _partial_: true, or a class whose objects are callable",
+        )
+    return Reading(shuffle=bool(data.get("shuffle", True)), collate_fn=collate_fn)
 
 
 def build_data(config: Config) -> Splits:
@@ -69,13 +118,15 @@ def build_data(config: Config) -> Splits:
 
 
 def data_sizes(splits: Splits) -> dict[str, Any]:
-    inputs, _targets = sample_of(splits.train)
-    return {
-        "in_features": int(inputs.numel()),
-        "input_shape": list(inputs.shape),
-        "in_channels": int(inputs.shape[0]) if inputs.ndim else 1,
-        "num_classes": splits.num_classes,
-    }
+    """The sizes a model may take from the data: the input's (for (input, target) items
+    with a tensor input) and the class count."""
+    inputs = input_sample(splits.train)
+    sizes: dict[str, Any] = {"num_classes": splits.num_classes}
+    if inputs is not None:
+        sizes["in_features"] = int(inputs.numel())
+        sizes["input_shape"] = list(inputs.shape)
+        sizes["in_channels"] = int(inputs.shape[0]) if inputs.ndim else 1
+    return sizes
 
 
 def with_data_sizes(node: dict[str, Any], splits: Splits) -> dict[str, Any]:
@@ -212,51 +263,83 @@ def build_scheduler(
             "not a torch.optim.lr_scheduler.LRScheduler",
             hint="point scheduler._target_ at a scheduler class, with _partial_: true",
         )
-    return scheduler, node.get("interval", "step")
+    return scheduler, "validation" if node.get("monitor") else node.get("interval", "step")
 
 
-def check_fit(model: nn.Module, loss_fn: Any, splits: Splits, device: torch.device) -> np.ndarray:
-    """One forward and loss on two training samples, before any step: a model whose output
-    does not fit the loss fails here with both shapes. Returns those inputs (as NumPy) for
-    the MLflow Model's input example. Eval mode, no grad: no RNG drawn, no statistic moved."""
-    pairs = [sample_of_index(splits, i) for i in range(min(2, len(splits.train)))]
-    inputs = torch.stack([x for x, _ in pairs])
-    targets = torch.stack([y for _, y in pairs])
+FIT_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, KeyError, AttributeError)
+
+
+def check_fit(pieces: Pieces, device: torch.device) -> Any:
+    """One forward, loss and metric update on a batch of two training items, before any step:
+    a model whose output does not fit the task, the loss or a metric fails here with the
+    shapes. Returns that batch (on the CPU) for the MLflow Model's input example. Eval mode,
+    no grad: no RNG drawn, no statistic moved, no metric or task state kept."""
+    batch = first_batch(pieces.splits.train, 2, pieces.reading.collate_fn)
+    on_device = move_to(batch, device)
+    model, task = pieces.model, pieces.task
     was_training = model.training
     model.eval()
-    outputs = None
     try:
-        with torch.no_grad():
-            outputs = model(inputs.to(device))
-    except (RuntimeError, ValueError, IndexError, TypeError) as error:
-        model.train(was_training)
-        raise ConfigError(
-            f"the model {type(model).__name__} cannot take the data's inputs (a batch of "
-            f"{'x'.join(map(str, inputs.shape))}: {str(error).splitlines()[0]})",
-            hint="leave the model's input size out of its YAML (in_features / input_shape "
-            "follow the data), or pick data whose samples the model takes",
-        ) from None
-    try:
-        with torch.no_grad():
-            check_classes(outputs, targets, splits.num_classes)
-            loss = loss_fn(outputs, targets.to(device))
-    except (RuntimeError, ValueError, IndexError, TypeError) as error:
-        shape = "x".join(map(str, outputs.shape)) if isinstance(outputs, torch.Tensor) else "?"
-        raise ConfigError(
-            f"the model's output ({shape} for a batch of {inputs.shape[0]}) does not fit the loss "
-            f"{type(loss_fn).__name__} with targets {'x'.join(map(str, targets.shape))} "
-            f"({str(error).splitlines()[0]})",
-            hint="make the model's last layer produce what the loss takes (e.g. num_classes "
-            "logits for CrossEntropyLoss), or pick another loss",
-        ) from None
+        with torch.no_grad(), task.evaluating():
+            outputs = _checked_forward(model, task, on_device, batch)
+            _checked_loss(pieces, outputs, on_device, batch)
     finally:
         model.train(was_training)
-    if loss.ndim != 0:
+    return batch
+
+
+def _checked_forward(model: nn.Module, task: Any, batch: Any, shown: Any) -> Any:
+    try:
+        outputs = task.forward(model, batch)
+        logits_of(outputs)
+        return outputs
+    except FIT_ERRORS as error:
         raise ConfigError(
-            f"the loss {type(loss_fn).__name__} returned shape {tuple(loss.shape)}, not a scalar",
+            f"the model {type(model).__name__} cannot take the data's batches under task "
+            f"{task.name} (a batch of {describe(shown)}: {_first_line(error)})",
+            hint="leave the model's input size out of its YAML (in_features / input_shape "
+            "follow the data), or pick the task and data whose batches the model takes "
+            "(README: Tasks)",
+        ) from None
+
+
+def _checked_loss(pieces: Pieces, outputs: Any, batch: Any, shown: Any) -> None:
+    task, loss_fn = pieces.task, pieces.loss_fn
+    where = f"the model's output ({describe(outputs)} for a batch of {describe(shown)})"
+    try:
+        if isinstance(task, Classification):
+            check_classes(logits_of(outputs), task.targets(batch), pieces.splits.num_classes)
+        loss = task.loss(outputs, batch, loss_fn)
+    except FIT_ERRORS as error:
+        raise ConfigError(
+            f"{where} does not fit the loss {type(loss_fn).__name__} under task {task.name} "
+            f"({_first_line(error)})",
+            hint="make the model's last layer produce what the loss takes (e.g. num_classes "
+            "logits for CrossEntropyLoss), or pick the task and loss that fit it "
+            "(task=regression loss=mse, task=language_model)",
+        ) from None
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ConfigError(
+            f"the loss {type(loss_fn).__name__} returned {shape}, not a scalar",
             hint="use reduction='mean' (or 'sum') in the loss config",
         )
-    return inputs.numpy()
+    for name, metric in pieces.metrics.items():
+        try:
+            metric.update(*task.predictions(outputs, batch))
+        except FIT_ERRORS as error:
+            raise ConfigError(
+                f"metrics.{name} ({type(metric).__name__}) cannot take {where} under task "
+                f"{task.name} ({_first_line(error)})",
+                hint=f"pick a metric for this task's outputs, or drop it with ~metrics.{name}",
+            ) from None
+        finally:
+            metric.reset()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 def check_classes(outputs: torch.Tensor, targets: torch.Tensor, classes: int | None) -> None:
@@ -274,14 +357,14 @@ def check_classes(outputs: torch.Tensor, targets: torch.Tensor, classes: int | N
         )
 
 
-def sample_of_index(splits: Splits, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = splits.train[index]
-    return torch.as_tensor(x), torch.as_tensor(y)
-
-
 def class_name(obj: Any) -> str:
     kind = obj if inspect.isclass(obj) else type(obj)
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def instantiate_node(section: str, node: dict[str, Any]) -> Any:
+    """Build `node` (a `_target_` config), a failing constructor being one ConfigError line."""
+    return _instantiate(section, node)
 
 
 def _instantiate(section: str, node: dict[str, Any], **extra: Any) -> Any:

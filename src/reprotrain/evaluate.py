@@ -1,12 +1,15 @@
-"""DVC stage `evaluate`: validation metrics of the saved model, and its confusion matrix.
+"""DVC stage `evaluate`: the saved model's validation loss and metrics, and for a classifier
+its confusion matrix.
 
     python -m reprotrain.evaluate            # results/model.pt on data/dataset.npz
 
 The model is rebuilt from what model.pt records (its `_target_` config with the data sizes,
 and the loss config), so any model reprotrain trained evaluates here, yours included.
-Writes results/eval.json (DVC metrics) and results/confusion.csv (one row per validation
-sample: actual,predicted; DVC's `confusion` plot template draws the matrix). The figures
-are also added to the training run in MLflow (its id is in results/metrics.json).
+The model is evaluated under the task it was trained for, with the metrics its run measured.
+Writes results/eval.json (DVC metrics: eval_loss and eval_<metric>; a figure that cannot be
+measured is null) and, for task=classification, results/confusion.csv (one row per
+validation sample: actual,predicted; DVC's `confusion` plot template draws the matrix). The
+figures are also added to the training run in MLflow (its id is in results/metrics.json).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import pickle
 import zipfile
 from pathlib import Path
@@ -22,15 +26,21 @@ from typing import Any
 import torch
 from mlflow.tracking import MlflowClient
 
-from reprotrain.build import build_loss, build_model
+from reprotrain.build import build_loss, build_model, build_reading, build_task, instantiate_node
 from reprotrain.data import read_npz
-from reprotrain.data.batches import val_batches
+from reprotrain.data.batches import val_batches, validation_batch_size
 from reprotrain.errors import DataError, UserError, report_and_exit
+from reprotrain.metrics import build_metrics
+from reprotrain.metrics import compute as compute_metrics
 from reprotrain.outputs import write_json, write_text
 from reprotrain.project import default_tracking_uri
 from reprotrain.results import MODEL_FORMAT
+from reprotrain.schema import DEFAULT_TASK
 from reprotrain.step import evaluate
+from reprotrain.tasks import Classification
+from reprotrain.trust import recorded_targets, refuse_untrusted
 
+RECORDED_CONFIGS = ("model", "loss", "task", "metrics", "collate_fn")
 FIX = "re-create it with `dvc repro train` (or python -m reprotrain.train)"
 
 
@@ -49,7 +59,7 @@ def load_model(path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
         ) from None
     if (
         not isinstance(saved, dict)
-        or saved.get("format") != MODEL_FORMAT
+        or saved.get("format") not in (2, MODEL_FORMAT)
         or not isinstance(saved.get("model"), dict)
         or not isinstance(saved.get("state_dict"), dict)
     ):
@@ -58,6 +68,8 @@ def load_model(path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
             "state_dict, model, loss)",
             hint=FIX,
         )
+    # model.pt may come from a DVC remote: its configs are code, built only where trusted.
+    refuse_untrusted(recorded_targets({k: saved.get(k) for k in RECORDED_CONFIGS}))
     model = build_model(saved["model"])
     try:
         model.load_state_dict(saved["state_dict"])
@@ -77,6 +89,19 @@ def confusion_csv(actual: list[int], predicted: list[int]) -> str:
     return buffer.getvalue()
 
 
+class ClassPairs:
+    """Collects (actual, predicted class) for the confusion matrix: a validation metric's
+    update(predictions, targets), with nothing to compute."""
+
+    def __init__(self) -> None:
+        self.actual: list[int] = []
+        self.predicted: list[int] = []
+
+    def update(self, predictions: torch.Tensor, targets: torch.Tensor) -> None:
+        self.actual += targets.flatten().tolist()
+        self.predicted += predictions.argmax(dim=-1).flatten().tolist()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m reprotrain.evaluate",
@@ -92,34 +117,51 @@ def main(argv: list[str] | None = None) -> None:
     try:
         model, saved = load_model(args.model)
         splits = read_npz(args.data)
+        task = build_task(saved.get("task") or DEFAULT_TASK).bind(model)
         loss_fn = build_loss(saved.get("loss") or {"_target_": "torch.nn.CrossEntropyLoss"})
+        metrics = build_metrics(
+            saved.get("metrics") or {}, splits.num_classes, device, instantiate_node
+        )
+        reading = build_reading({"collate_fn": saved.get("collate_fn")})
     except UserError as error:
         report_and_exit(error)
-    loss, accuracy, predicted = evaluate(model, val_batches(splits.val, device), loss_fn, device)
-    actual = [int(y) for _, y in val_batches(splits.val, device) for y in y.flatten()]
-    # eval_*: beside metrics.json's val_* in `dvc exp show`, names that need no file prefix
-    metrics = {"eval_loss": loss, "eval_accuracy": accuracy, "eval_samples": len(splits.val)}
-    if len(predicted):
-        write_text(args.out_dir / "confusion.csv", confusion_csv(actual, predicted.tolist()))
-    write_json(args.out_dir / "eval.json", metrics)
-    add_to_training_run(args.train_metrics, metrics)
-    print(
-        f"evaluate: loss {loss:.4f}, accuracy {accuracy:.4f} on {metrics['eval_samples']} samples"
+    pairs = ClassPairs() if isinstance(task, Classification) else None
+    size = validation_batch_size(saved.get("batch_size", 64), task.carry_state, reading.collate_fn)
+    batches = val_batches(splits.val, device, size, reading.collate_fn)
+    totals = evaluate(
+        model, batches, task, loss_fn, device, {**metrics, "pairs": pairs} if pairs else metrics
     )
+    loss_sum, count = totals.tolist()
+    # eval_*: beside metrics.json's val_* in `dvc exp show`, names that need no file prefix
+    figures = {"eval_loss": loss_sum / count if count else None}
+    figures.update({f"eval_{k}": v for k, v in compute_metrics(metrics).items()})
+    figures = {k: v if v is None or math.isfinite(v) else None for k, v in figures.items()}
+    figures["eval_samples"] = len(splits.val)
+    confusion = args.out_dir / "confusion.csv"
+    if pairs is not None:
+        write_text(confusion, confusion_csv(pairs.actual, pairs.predicted))
+    else:
+        confusion.unlink(missing_ok=True)  # a classifier's, from an earlier run: not this task's
+    write_json(args.out_dir / "eval.json", figures)
+    add_to_training_run(args.train_metrics, figures)
+    shown = ", ".join(
+        f"{k.removeprefix('eval_')} {v:.4f}" for k, v in figures.items() if isinstance(v, float)
+    )
+    print(f"evaluate: {shown} on {figures['eval_samples']} samples")
 
 
-def add_to_training_run(train_metrics: Path, metrics: dict[str, float]) -> None:
-    """Record val/eval_loss and val/eval_accuracy on the MLflow run that trained the model
-    (when it was tracked): beside val/*, after train/* on the run page."""
+def add_to_training_run(train_metrics: Path, figures: dict[str, Any]) -> None:
+    """Record val/eval_<figure> on the MLflow run that trained the model (when it was
+    tracked): beside val/*, after train/* on the run page."""
     if not train_metrics.is_file():
         return
     info = json.loads(train_metrics.read_text())
     if not info.get("run_id"):
         return
     client = MlflowClient(info.get("tracking_uri") or default_tracking_uri())
-    for key in ("eval_loss", "eval_accuracy"):
-        if metrics[key] == metrics[key]:  # NaN (no class labels) is not recorded
-            client.log_metric(info["run_id"], f"val/{key}", metrics[key])
+    for key, value in figures.items():
+        if key != "eval_samples" and value is not None:  # an unmeasured figure is not recorded
+            client.log_metric(info["run_id"], f"val/{key}", value)
 
 
 if __name__ == "__main__":

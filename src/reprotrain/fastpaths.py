@@ -25,17 +25,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from reprotrain.data.structure import map_tensors, tensors
 from reprotrain.errors import ConfigError
 from reprotrain.schema import TrainConfig
-from reprotrain.step import train_step
+from reprotrain.step import Knobs, train_step
 
 CAPTURE_AFTER = 3  # eager steps before the capture: kernels chosen, allocator warm
 
 
 def check(train: TrainConfig, device: torch.device) -> None:
     """What the resolved device cannot do, said before any run exists."""
-    for key in ("cuda_graphs", "tf32"):
-        if getattr(train, key) and device.type != "cuda":
+    for key in ("cuda_graphs", "tf32", "fp16"):
+        on = train.precision == "fp16" if key == "fp16" else getattr(train, key)
+        if on and device.type != "cuda":
+            if key == "fp16":
+                raise ConfigError(
+                    f"train.precision=fp16 needs a CUDA GPU (its GradScaler), but this run "
+                    f"resolved to {device}",
+                    hint="use train.precision=bf16 here, or run on a machine with a GPU",
+                )
             raise ConfigError(
                 f"train.{key}=true needs a CUDA GPU, but this run resolved to {device}",
                 hint=f"set train.{key}=false, or run on a machine with a GPU (device=cuda)",
@@ -67,11 +75,23 @@ def set_tf32(enabled: bool) -> None:
 
 
 def autocast(device: torch.device, precision: str, graphs: bool = False) -> Any:
-    """The forward/loss context: bf16 autocast, or nothing for fp32."""
+    """The forward/loss context: bf16 or fp16 autocast, or nothing for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     # A CUDA graph replays the casts it captured: autocast's cast cache must be off there.
-    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not graphs)
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=not graphs)
+
+
+def knobs(train: TrainConfig, device: torch.device) -> Knobs:
+    """The step's knobs as train.precision and train.clip_grad_norm say: fp16 scales the loss
+    (torch.amp.GradScaler) so that small gradients do not underflow to zero."""
+    scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
+    return Knobs(
+        autocast=autocast(device, train.precision, graphs=train.cuda_graphs),
+        scaler=scaler,
+        clip_grad_norm=train.clip_grad_norm,
+    )
 
 
 def compiled(model: nn.Module) -> nn.Module:
@@ -79,26 +99,23 @@ def compiled(model: nn.Module) -> nn.Module:
     return torch.compile(model)  # type: ignore[return-value]
 
 
-StepFunction = Callable[[torch.Tensor, torch.Tensor, Callable[[str], None]], torch.Tensor]
+StepFunction = Callable[[tuple[Any, ...], Callable[[str], None]], torch.Tensor]
 
 
 def step_function(
-    train: TrainConfig,
-    device: torch.device,
-    model: nn.Module,
-    loss_fn: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    train: TrainConfig, device: torch.device, model: nn.Module, pieces: Any, knobs: Knobs
 ) -> StepFunction:
-    """`step(inputs, targets, mark) -> loss`: train_step as the options ask for it.
-    Also sets torch's TF32 switch as train.tf32 says (a process-wide setting)."""
+    """`step(batches, mark) -> loss`: train_step as the options ask for it (`pieces`: the
+    task, loss and optimizer). Also sets torch's TF32 switch as train.tf32 says (a
+    process-wide setting)."""
     set_tf32(train.tf32)
-    context = autocast(device, train.precision, graphs=train.cuda_graphs)
+    task, loss_fn, optimizer = pieces.task, pieces.loss_fn, pieces.optimizer
     if train.cuda_graphs:
-        return CudaGraphStep(model, loss_fn, optimizer, context)
+        return CudaGraphStep(model, task, loss_fn, optimizer, knobs)
     forward = compiled(model) if train.compile else model
 
-    def step(inputs: torch.Tensor, targets: torch.Tensor, mark: Callable[[str], None]) -> Any:
-        return train_step(forward, inputs, targets, loss_fn, optimizer, mark, context)
+    def step(batches: tuple[Any, ...], mark: Callable[[str], None]) -> torch.Tensor:
+        return train_step(forward, batches, task, loss_fn, optimizer, knobs, mark)
 
     return step
 
@@ -108,57 +125,56 @@ class CudaGraphStep:
 
     The first CAPTURE_AFTER steps run eagerly on a side stream, as CUDA graph capture asks;
     they are real training steps on real batches, so the losses follow the eager loop's. The
-    capture itself runs nothing; from then on each step copies its batch into the captured
-    input buffers and replays the graph. The optimizer must be built with capturable=True.
+    capture itself runs nothing; from then on each step copies its batch (every tensor in it:
+    batches of one fixed shape) into the captured input buffers and replays the graph. The
+    optimizer must be built with capturable=True.
     """
 
     def __init__(
         self,
         model: nn.Module,
+        task: Any,
         loss_fn: nn.Module,
         optimizer: torch.optim.Optimizer,
-        autocast_context: Any,
+        knobs: Knobs,
     ) -> None:
-        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
-        self.autocast = autocast_context
+        self.model, self.task, self.loss_fn, self.optimizer = model, task, loss_fn, optimizer
+        self.knobs = knobs
         self.side = torch.cuda.Stream()
         self.eager_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.inputs = self.targets = self.loss = torch.empty(0)
+        self.static: Any = None
+        self.loss = torch.empty(0)
 
-    def __call__(
-        self, inputs: torch.Tensor, targets: torch.Tensor, mark: Callable[[str], None]
-    ) -> torch.Tensor:
+    def __call__(self, batches: tuple[Any, ...], mark: Callable[[str], None]) -> torch.Tensor:
         if self.graph is None and self.eager_steps < CAPTURE_AFTER:
             self.eager_steps += 1
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
-                loss = self._step(inputs, targets, mark)
+                loss = self._step(batches, mark)
             torch.cuda.current_stream().wait_stream(self.side)
             return loss
         if self.graph is None:
-            self._capture(inputs, targets)
-        self.inputs.copy_(inputs, non_blocking=True)
-        self.targets.copy_(targets, non_blocking=True)
+            self._capture(batches)
+        for static, new in zip(tensors(self.static), tensors(batches), strict=True):
+            static.copy_(new, non_blocking=True)
         self.graph.replay()  # type: ignore[union-attr]
         mark("graph")  # forward, backward and step are one launch: no marks between them
         return self.loss.clone()  # the captured loss is overwritten by the next replay
 
-    def _step(
-        self, inputs: torch.Tensor, targets: torch.Tensor, mark: Callable[[str], None]
-    ) -> torch.Tensor:
+    def _step(self, batches: tuple[Any, ...], mark: Callable[[str], None]) -> torch.Tensor:
         return train_step(
-            self.model, inputs, targets, self.loss_fn, self.optimizer, mark, self.autocast
+            self.model, batches, self.task, self.loss_fn, self.optimizer, self.knobs, mark
         )
 
-    def _capture(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        self.inputs, self.targets = inputs.clone(), targets.clone()
+    def _capture(self, batches: tuple[Any, ...]) -> None:
+        self.static = map_tensors(torch.Tensor.clone, batches)
         # Gradients set to None now are allocated inside the graph's memory pool at capture,
         # so every replay's backward writes them afresh (no accumulation across steps).
         self.optimizer.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.loss = self._step(self.inputs, self.targets, _no_mark)
+            self.loss = self._step(self.static, _no_mark)
 
 
 def _no_mark(_phase: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from reprotrain.build import build_data
+from reprotrain.build import build_data, build_reading
 from reprotrain.data import write_npz
 from reprotrain.errors import ConfigError, UserError, report_and_exit
 from reprotrain.schema import Config, validate
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = read_config(args.params)
         splits = build_data(config)
-        md5 = write_npz(splits, args.out)
+        md5 = write_npz(splits, args.out, build_reading(config.data).collate_fn)
     except UserError as error:
         report_and_exit(error)
     print(

@@ -5,7 +5,8 @@
 <output_dir>/run.json      every figure of the run: timings per phase, memory, device, ...
 <output_dir>/loss.csv      step,loss for every step (a DVC plot)
 <output_dir>/model.pt      {"state_dict", "model": the model's _target_ config with the data
-                           sizes filled in, "loss": the loss config, "num_classes"}
+                           sizes filled in, "loss", "task", "metrics", "collate_fn": their
+                           configs, "num_classes"}
 <output_dir>/loss.svg      the loss curve;  config.yaml  the resolved config
 """
 
@@ -22,23 +23,24 @@ import torch
 from omegaconf import OmegaConf
 
 from reprotrain.build import Pieces, class_name
+from reprotrain.data.structure import batch_size, move_to
 from reprotrain.devices import DeviceInfo
 from reprotrain.outputs import write_json, write_loss_csv, write_loss_plot, write_model, write_text
 from reprotrain.provenance import count_parameters
 from reprotrain.schema import Config, as_dict
+from reprotrain.tasks import logits_of
 from reprotrain.timing import PHASES, process_age_s, training_flops_per_sample
 from reprotrain.tracking import redact
 from reprotrain.trainer import Fitted, Trainer
 
-MODEL_FORMAT = 2
+MODEL_FORMAT = 3  # 3: with the task, the metrics and the collate function (2: without)
 # metrics.json: the few figures `dvc exp show` and `dvc metrics diff` compare, and the MLflow
 # run they came from; run.json has every figure of the run.
 HEADLINE = (
     "run_id",
     "tracking_uri",
     "final_loss",
-    "val_loss",
-    "val_accuracy",
+    "val_*",  # val_loss and each metric's val_<name>
     "samples_per_s",
     "total_s",
 )
@@ -57,7 +59,7 @@ class Job:
     tracking_uri: str | None = None  # None: nothing recorded (tracking off, or not rank 0)
     pieces: Pieces = None  # type: ignore[assignment]  # set once built
     info: DeviceInfo = None  # type: ignore[assignment]
-    example: np.ndarray = field(default_factory=lambda: np.empty(0))  # the model's input example
+    example: Any = None  # a batch of two training items (on the CPU): the MLflow Model's example
     startup_s: float = float("nan")
 
 
@@ -65,21 +67,25 @@ def finish(job: Job, trainer: Trainer, fitted: Fitted, recorder: Any) -> dict[st
     """After the last step: the MLflow Model, validation, the outputs and the summary figures."""
     began = time.perf_counter()
     config, model = job.config, job.pieces.model
+    task = job.pieces.task
     if config.tracking.log_model:
-        recorder.log_model(model, job.example, registered_name=config.tracking.register_as)
-    val_loss, val_accuracy = trainer.validate()
+        example = model_example(task, job.example)
+        recorder.log_model(model, example, registered_name=config.tracking.register_as)
+    if trainer.stopped_early is not None:
+        recorder.set_tags({"reprotrain.stopped_early": trainer.stopped_early})
     timings = fitted.timings
-    flops = training_flops_per_sample(model, torch.from_numpy(job.example).to(job.device))
     result: dict[str, Any] = {
         "steps": len(fitted.steps),
         "batch_size": config.train.batch_size,
         "final_loss": fitted.losses[-1],
-        "val_loss": val_loss,
-        "val_accuracy": val_accuracy,
+        # val/loss and val/<metric> of the final validation (with train.keep_best, the best)
+        **{f"val_{k.removeprefix('val/')}": v for k, v in fitted.validation.items()},
+        "best_step": trainer.best.step if config.train.keep_best else None,
+        "stopped_early": trainer.stopped_early,
         "samples_per_s": timings["samples_per_s"],
         "step_ms_median": timings["step_ms_median"],
         "startup_s": job.startup_s,
-        "train_flops_per_s": timings["samples_per_s"] * flops,
+        "train_flops_per_s": timings["samples_per_s"] * example_flops(job),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "nonfinite_steps": fitted.nonfinite_steps,
         "tracking_s": getattr(recorder, "tracking_s", 0.0),
@@ -103,7 +109,7 @@ def finish(job: Job, trainer: Trainer, fitted: Fitted, recorder: Any) -> dict[st
     # NaN is not JSON: a figure that could not be measured is written as null.
     written = {k: _json_value(v) for k, v in result.items()}
     write_json(job.out_dir / "run.json", written)
-    write_json(job.out_dir / "metrics.json", {k: written[k] for k in HEADLINE})  # last
+    write_json(job.out_dir / "metrics.json", headline(written))  # last
     return result
 
 
@@ -113,8 +119,6 @@ def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
     `/` in a last section: so the series are `train/*` and `val/*` (train/loss first), and
     the one-point summaries, named with dots, come after them."""
     metrics = {
-        "val/loss": result["val_loss"],
-        "val/accuracy": result["val_accuracy"],
         "train.final_loss": result["final_loss"],
         "train.nonfinite_steps": result["nonfinite_steps"],
         "throughput.samples_per_s": result["samples_per_s"],
@@ -133,11 +137,44 @@ def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
 
 
+def headline(written: dict[str, Any]) -> dict[str, Any]:
+    """metrics.json's figures, in HEADLINE's order."""
+    out: dict[str, Any] = {}
+    for key in HEADLINE:
+        if key == "val_*":
+            out.update({k: v for k, v in written.items() if k.startswith("val_")})
+        else:
+            out[key] = written[key]
+    return out
+
+
 def objective(result: dict[str, Any], name: str) -> float:
-    """The figure a sweeper optimises: val/loss, val/accuracy or train/loss (the last step's)."""
-    key = {"val/loss": "val_loss", "val/accuracy": "val_accuracy", "train/loss": "final_loss"}[name]
+    """The figure a sweeper optimises: train/loss (the last step's), val/loss or val/<metric>
+    (the final validation's)."""
+    key = "final_loss" if name == "train/loss" else f"val_{name.removeprefix('val/')}"
     value = result.get(key)
     return float("nan") if value is None else float(value)
+
+
+def model_example(task: Any, batch: Any) -> Any:
+    """The model's inputs in the example batch, as MLflow takes an input example: one array,
+    or a dict of arrays (None where the model takes several positional inputs)."""
+    args, kwargs = task.model_inputs(batch)
+    if kwargs and not args:
+        return {k: v.numpy() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    if len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs:
+        return args[0].numpy()
+    return None
+
+
+def example_flops(job: Job) -> float:
+    """Training FLOPs per sample on the example batch (NaN where they cannot be counted)."""
+    task, model = job.pieces.task, job.pieces.model
+    batch = move_to(job.example, job.device)
+    with task.evaluating():
+        return training_flops_per_sample(
+            model, lambda: logits_of(task.forward(model, batch)), batch_size(batch)
+        )
 
 
 def write_outputs(job: Job, fitted: Fitted, recorder: Any) -> None:
@@ -151,6 +188,10 @@ def write_outputs(job: Job, fitted: Fitted, recorder: Any) -> None:
         "model": pieces.model_config,
         "loss": tree["loss"],
         "num_classes": pieces.splits.num_classes,
+        "task": tree["task"],
+        "metrics": tree["metrics"],
+        "collate_fn": tree["data"].get("collate_fn"),
+        "batch_size": config.train.batch_size,
     }
     files = [
         write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(tree))),

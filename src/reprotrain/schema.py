@@ -20,28 +20,42 @@ recorded `config.yaml`) and returns a typed `Config`.
 from __future__ import annotations
 
 import inspect
+import math
 import re
-from typing import Annotated, Any, Literal
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from reprotrain.errors import ConfigError
+from reprotrain.trust import KINDS, check_function
 
 # Keys Hydra's instantiate reads itself; never passed to the target.
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 # Keys reprotrain reads in a target section, never passed to the target (see conf/).
 RESERVED = {
-    "data": ("file",),  # a prepared .npz (python -m reprotrain.prepare) read instead
-    "scheduler": ("interval",),  # step the scheduler every optimizer `step` or every `epoch`
+    # file: a prepared .npz (python -m reprotrain.prepare) read instead; collate_fn: how items
+    # become a batch (a _target_); shuffle: false reads every epoch in order
+    "data": ("file", "collate_fn", "shuffle"),
+    # interval: step the scheduler every optimizer `step` or every `epoch`; monitor: the
+    # validation figure a metric-driven scheduler (ReduceLROnPlateau) is stepped with
+    "scheduler": ("interval", "monitor"),
 }
 # Model constructor arguments reprotrain fills in from the data when the YAML leaves them out.
 DATA_SIZES = ("in_features", "input_shape", "in_channels", "num_classes")
-# What a run can return to a sweeper (train.objective): the summary metrics it records.
-OBJECTIVES = ("val/loss", "val/accuracy", "train/loss")
+# What a run can return to a sweeper (train.objective): these, or val/<a metric's name>.
+OBJECTIVES = ("val/loss", "train/loss")
 
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # numpy's seeds are 32-bit
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -65,6 +79,11 @@ class DeviceConfig(Section):
         if value not in ("auto", "cpu", "cuda", "mps") and not re.fullmatch(r"cuda:\d+", value):
             raise ValueError("allowed: auto, cpu, cuda, cuda:N, mps")
         return value
+
+
+class EarlyStoppingConfig(Section):
+    patience: PositiveInt = 3  # validations without improvement before the run stops
+    min_delta: NonNegative = 0.0  # an improvement must exceed this
 
 
 class TrainConfig(Section):
@@ -91,11 +110,18 @@ class TrainConfig(Section):
     dist_timeout_s: Positive = 300.0  # a collective that waits longer fails the run
     resume: str | None = None  # an MLflow run id, or "last", to continue from its checkpoint
     nonfinite: Literal["stop", "warn"] = "stop"  # a NaN/inf loss: stop (FAILED) or log and go on
-    objective: Literal["val/loss", "val/accuracy", "train/loss"] = "val/loss"  # for sweepers
+    objective: str = "val/loss"  # val/loss, train/loss or val/<metric>: sweeps, best, stopping
+    # Validation during training, and what it drives
+    val_every: Literal["epoch"] | NonNegativeInt = 0  # steps between validations (0: at the end)
+    early_stopping: EarlyStoppingConfig | None = None  # stop when the objective stalls
+    keep_best: bool = False  # outputs and MLflow Model from the best validation's weights
+    # The step's knobs
+    clip_grad_norm: Positive | None = None  # clip the gradients' total norm before each step
+    accumulate_grad_batches: PositiveInt = 1  # micro-batches per optimizer step
     # Fast paths that change how (or in what precision) the step is computed: off by default.
     compile: bool = False  # torch.compile the model (forward and backward)
     cuda_graphs: bool = False  # capture the whole step once, replay it every step (CUDA)
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: forward and loss under bf16 autocast
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # forward and loss under autocast
     tf32: bool = False  # TF32 tensor-core matmuls (CUDA, Ampere and newer)
 
     @field_validator("resume")
@@ -138,6 +164,20 @@ class OptimizerRanges(BaseModel):
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     betas: tuple[Unit, Unit] | None = None  # each in [0, 1)
 
+    @field_validator("lr", "eps", "weight_decay")
+    @classmethod
+    def _finite(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """`optimizer.lr=inf` passes `> 0` and fails at step 2 as a NaN loss: refused here."""
+        if value is not None and not math.isfinite(value):
+            bound = ">= 0" if info.field_name == "weight_decay" else "> 0"
+            raise ValueError(f"allowed: a finite number {bound}")
+        return value
+
+
+DEFAULT_TASK = {"_target_": "reprotrain.tasks.Classification"}
+# `code` where a project names none: reprotrain's built-in models (README: Your own code).
+DEFAULT_CODE = "src/reprotrain/models"
+
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -146,11 +186,15 @@ class Config(BaseModel):
     loss: dict[str, Any]
     optimizer: dict[str, Any]
     scheduler: dict[str, Any] | None = None
+    task: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_TASK))
+    metrics: dict[str, dict[str, Any]] = Field(default_factory=dict)  # name -> _target_ node
+    callbacks: dict[str, dict[str, Any]] = Field(default_factory=dict)  # name -> _target_ node
     device: DeviceConfig
     train: TrainConfig
     tracking: TrackingConfig
     runtime: RuntimeConfig
     conf_digest: str | None = None  # conf/'s digest when composed into params.yaml by DVC
+    code: str = DEFAULT_CODE  # the project's own code (a folder): the DVC stages depend on it
 
 
 FIXED = {
@@ -181,12 +225,35 @@ def validate(cfg: DictConfig | dict) -> Config:
             sections[name] = None
             continue
         sections[name] = _target_node(name, node)
+    # Sections a config recorded before they existed lacks: the behaviour of that time.
+    sections["task"] = _target_node("task", tree.get("task") or dict(DEFAULT_TASK))
+    for name in ("metrics", "callbacks"):
+        sections[name] = _named_nodes(name, tree.get(name))
     _split_device_index(sections["device"])
-    config = Config(**sections, conf_digest=tree.get("conf_digest"))
+    config = Config(**sections, conf_digest=tree.get("conf_digest"), code=_code(tree.get("code")))
     check_targets(config)
     _check_cross_field(config)
     _check_tracking_uri(config.tracking)
     return config
+
+
+def _code(value: Any) -> str:
+    """`code`: the folder (or file) of the project's own code, relative to the project root;
+    dvc.yaml's stages depend on it (`${code}`)."""
+    if value is None:
+        return DEFAULT_CODE
+    if (
+        not isinstance(value, str)
+        or not value.strip()
+        or value.startswith(("/", "~"))
+        or ".." in value.split("/")
+    ):
+        raise ConfigError(
+            f"code={value!r} is not a path inside the project; allowed: a folder or file "
+            "relative to the project root, e.g. my_project",
+            hint="set code: <the folder of your own code> in conf/config.yaml",
+        )
+    return value
 
 
 def as_dict(config: Config) -> dict[str, Any]:
@@ -246,6 +313,24 @@ def check_targets(config: Config) -> None:
                 f"scheduler.interval={interval!r} is not allowed; allowed: step, epoch",
                 hint="scheduler.interval=step steps it after every optimizer step, epoch after each epoch",
             )
+    check_target("task", config.task)
+    for name, node in config.metrics.items():  # imported when built (metrics.build_metrics)
+        _target_path(f"metrics.{name}", node)
+    for name, node in config.callbacks.items():
+        check_target(f"callbacks.{name}", node)
+    collate = config.data.get("collate_fn")
+    if isinstance(collate, dict):  # a function with _partial_: the loader passes the items
+        check_target("data.collate_fn", collate, positional=1 if collate.get("_partial_") else 0)
+
+
+def _target_path(section: str, node: dict[str, Any]) -> str:
+    path = node.get("_target_")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(
+            f"{section}._target_={path!r}: the {section} section names no callable",
+            hint=f"set {section}._target_ to a dotted path, e.g. with {section}=<option> from conf/{section}/",
+        )
+    return path
 
 
 def check_target(
@@ -256,11 +341,14 @@ def check_target(
     positional: int = 0,
     kind: type | None = None,
 ) -> Any:
-    """Import `node['_target_']`; check its class and that it accepts the node's keys.
+    """Import `node['_target_']`; check its kind and that it accepts the node's keys, before
+    anything calls it.
 
     `provided`: argument names reprotrain fills in when the node leaves them out;
     `positional`: leading arguments reprotrain passes itself (an optimizer's parameters,
-    a scheduler's optimizer), which needs `_partial_: true`.
+    a scheduler's optimizer), which needs `_partial_: true`; `kind`: the class the target must
+    build (by default the section's, trust.KINDS: a class of another kind, or a function from
+    untrusted code, is refused).
     """
     path = node.get("_target_")
     if not isinstance(path, str) or not path:
@@ -278,6 +366,7 @@ def check_target(
             hint="check the dotted path; your own code must be importable from the project "
             "folder (a package there, with an __init__.py) or installed",
         ) from None
+    kind = kind or KINDS.get(section, (None, ""))[0]
     if kind is not None and inspect.isclass(target) and not issubclass(target, kind):
         raise ConfigError(
             f"{section}._target_={path!r} is a {target.__module__}.{target.__qualname__}, "
@@ -289,6 +378,7 @@ def check_target(
             f"{section}._target_={path!r} is not callable (a {type(target).__name__})",
             hint=f"point {section}._target_ at a class or a function",
         )
+    check_function(section, path, target)
     if positional and node.get("_partial_") is not True:
         raise ConfigError(
             f"{section}._partial_={node.get('_partial_')!r}: reprotrain passes the "
@@ -333,6 +423,45 @@ def _bind(
                 f"{section}.{param.name} is missing: {path} needs it",
                 hint=f"add it to the {section} YAML or give +{section}.{param.name}=...",
             )
+    for param in named:
+        if param.name in kwargs and param not in by_position:
+            _check_number(section, path, param, kwargs[param.name])
+
+
+NUMBERS = {int: "an integer", float: "a number", "int": "an integer", "float": "a number"}
+
+
+def _check_number(section: str, path: str, param: inspect.Parameter, value: Any) -> None:
+    """A parameter annotated or defaulting to a number, given text, a list or a mapping, is
+    one line naming what it takes, before the callable compares it with one."""
+    allowed = _number_taken(param)
+    if allowed is None or not isinstance(value, str | list | dict):
+        return
+    default = "" if param.default is param.empty else f", default {param.default!r}"
+    raise ConfigError(
+        f"{section}.{param.name}={value!r} is not {allowed}; allowed: {allowed} "
+        f"({path} takes {param.name}{default})",
+        hint=f"give {section}.{param.name}=<{allowed}>",
+    )
+
+
+def _number_taken(param: inspect.Parameter) -> str | None:
+    """'an integer' / 'a number' when the annotation (int, float, int | None, 'int') or else
+    the default's type says the parameter takes a number; None when it may take more."""
+    annotation = param.annotation
+    if annotation is param.empty:
+        return NUMBERS.get(type(param.default))  # type(True) is bool: not a number here
+    if isinstance(annotation, str):
+        parts = [part.strip() for part in annotation.split("|")]
+    elif get_origin(annotation) in (Union, types.UnionType):
+        parts = list(get_args(annotation))
+    else:
+        parts = [annotation]
+    taken = [NUMBERS.get(part) if isinstance(part, str | type) else None for part in parts]
+    nothing = [part in ("None", type(None)) for part in parts]
+    if not any(taken) or not all(t or n for t, n in zip(taken, nothing, strict=True)):
+        return None
+    return "an integer" if all(t in ("an integer", None) for t in taken) else "a number"
 
 
 def _check_optimizer_ranges(node: dict[str, Any]) -> None:
@@ -353,6 +482,19 @@ def _fixed(name: str, schema: type[Section], node: Any) -> Section:
         return schema(**node)
     except ValidationError as error:
         raise _one_line(name, error, node) from None
+
+
+def _named_nodes(name: str, nodes: Any) -> dict[str, dict[str, Any]]:
+    """`metrics` / `callbacks`: a mapping of names to `_target_` nodes (null entries dropped,
+    so `~metrics.accuracy` or `metrics.accuracy=null` removes one)."""
+    if nodes is None:
+        return {}
+    if not isinstance(nodes, dict):
+        raise ConfigError(
+            f"{name}={nodes!r} is not a mapping of names to _target_ configs",
+            hint=f"e.g. +{name}.<name>._target_=<dotted path>",
+        )
+    return {key: _target_node(f"{name}.{key}", node) for key, node in nodes.items() if node}
 
 
 def _target_node(name: str, node: Any) -> dict[str, Any]:
@@ -450,7 +592,7 @@ def _check_cross_field(config: Config) -> None:
             hint="set train.compile=false or train.cuda_graphs=false",
         )
     settings = (
-        ("train.precision=bf16", train.precision == "bf16"),
+        (f"train.precision={train.precision}", train.precision != "fp32"),
         ("train.tf32=true", train.tf32),
     )
     lower = [name for name, on in settings if on]
@@ -466,6 +608,89 @@ def _check_cross_field(config: Config) -> None:
                 f"train.{key}=true needs a CUDA GPU, but device={config.device.type}",
                 hint=f"set train.{key}=false, or train on a GPU with device=cuda",
             )
+    _check_validation_plan(config)
+    _check_step_knobs(config)
+
+
+def objectives(config: Config) -> tuple[str, ...]:
+    """What train.objective (and scheduler.monitor) may name in this config."""
+    return (*OBJECTIVES, *(f"val/{name}" for name in config.metrics))
+
+
+def _check_validation_plan(config: Config) -> None:
+    """The objective names a figure the run measures; what validation drives has one."""
+    train, allowed = config.train, objectives(config)
+    if train.objective not in allowed:
+        raise ConfigError(
+            f"train.objective={train.objective!r} is not a figure this run measures; allowed: "
+            f"{', '.join(allowed)}",
+            hint="name val/loss, train/loss or val/<a name under metrics:> (add the metric to "
+            "metrics: first)",
+        )
+    driven = [
+        name
+        for name, on in (
+            ("train.early_stopping", train.early_stopping is not None),
+            ("train.keep_best", train.keep_best),
+            ("a metric-driven scheduler", _plateau(config)),
+        )
+        if on
+    ]
+    if driven and train.val_every == 0:
+        raise ConfigError(
+            f"{driven[0]} needs validation during training, but train.val_every=0 validates "
+            "only at the end",
+            hint="set train.val_every=<steps> or train.val_every=epoch",
+        )
+    if (train.early_stopping is not None or train.keep_best) and train.objective == "train/loss":
+        raise ConfigError(
+            "train.objective=train/loss with early stopping or keep_best: those follow a "
+            "validation figure",
+            hint="set train.objective=val/loss (or val/<metric>)",
+        )
+    if config.scheduler is None:
+        return
+    monitor = config.scheduler.get("monitor")
+    if _plateau(config) and monitor is None:
+        raise ConfigError(
+            f"scheduler._target_={config.scheduler['_target_']!r} is stepped with a "
+            "validation figure, but scheduler.monitor is not set",
+            hint=f"add +scheduler.monitor=val/loss (allowed: {', '.join(allowed)})",
+        )
+    if monitor is not None and (monitor not in allowed or monitor == "train/loss"):
+        raise ConfigError(
+            f"scheduler.monitor={monitor!r} is not a validation figure this run measures; "
+            f"allowed: {', '.join(a for a in allowed if a != 'train/loss')}",
+            hint="name val/loss or val/<a name under metrics:>",
+        )
+
+
+def _plateau(config: Config) -> bool:
+    if config.scheduler is None:
+        return False
+    try:
+        target = get_object(config.scheduler["_target_"])
+    except Exception:  # check_target has reported it
+        return False
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+    return inspect.isclass(target) and issubclass(target, plateau)
+
+
+def _check_step_knobs(config: Config) -> None:
+    train = config.train
+    if train.precision == "fp16" and config.device.type in ("cpu", "mps"):
+        raise ConfigError(
+            f"train.precision=fp16 needs a CUDA GPU (its GradScaler), but "
+            f"device={config.device.type}",
+            hint="use train.precision=bf16 on the CPU, or train on a GPU with device=cuda",
+        )
+    if train.cuda_graphs and (train.accumulate_grad_batches > 1 or train.precision == "fp16"):
+        raise ConfigError(
+            "train.cuda_graphs=true captures one fixed step: not with "
+            f"train.accumulate_grad_batches={train.accumulate_grad_batches} or "
+            f"train.precision={train.precision}",
+            hint="drop train.cuda_graphs, or use train.accumulate_grad_batches=1 and fp32/bf16",
+        )
 
 
 def _split_device_index(device: DeviceConfig) -> None:

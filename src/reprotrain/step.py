@@ -3,23 +3,26 @@
     device = resolve_device("auto")                     # devices.py
     model = model.to(device)                            # once, before the loop
     for batch in batches:
-        inputs, targets = move_batch_to_device(batch, device)   # every batch, inside the loop
-        loss = train_step(model, inputs, targets, loss_fn, optimizer)
+        batch = move_batch_to_device(batch, device)     # every batch, inside the loop
+        loss = train_step(model, [batch], task, loss_fn, optimizer)
 
-`loss` comes back still on the device: reading it (`.item()`, `.cpu()`) waits for the GPU,
-so the loop reads losses in batches every `log_every` steps instead of every step.
+`task` (tasks.py) says how the batch reaches the model and becomes a loss: for the lesson's
+classifier, `loss_fn(model(inputs), targets)`. `loss` comes back still on the device: reading
+it (`.item()`, `.cpu()`) waits for the GPU, so the loop reads losses in batches every
+`log_every` steps instead of every step.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from reprotrain.data.structure import move_to, tensors
 from reprotrain.errors import DeviceError
 
 
@@ -27,49 +30,89 @@ def _no_mark(_phase: str) -> None:
     pass
 
 
-def move_batch_to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    inputs, targets = batch
-    # non_blocking: from pinned host memory the copy overlaps GPU work. Already there: a no-op.
-    return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+def move_batch_to_device(batch: Any, device: torch.device) -> Any:
+    """Every tensor of the batch (a pair, a tuple, a dict, nested) on the device."""
+    return move_to(batch, device)
+
+
+@dataclass
+class Knobs:
+    """How the step is taken beyond the lesson: `autocast` (bf16/fp16, else a no-op),
+    `scaler` (fp16's GradScaler: the loss scaled up for backward, the gradients unscaled
+    before the step, a step with inf/NaN gradients skipped), `clip_grad_norm` (the gradients'
+    total norm clipped to it before the step)."""
+
+    autocast: Any = field(default_factory=contextlib.nullcontext)
+    scaler: torch.amp.GradScaler | None = None
+    clip_grad_norm: float | None = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None and self.clip_grad_norm:
+            self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        if self.clip_grad_norm:
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(parameters, self.clip_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
 
 
 def train_step(
     model: nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
+    batches: Sequence[Any],
+    task: Any,
     loss_fn: Any,
     optimizer: torch.optim.Optimizer,
+    knobs: Knobs | None = None,
     mark: Callable[[str], None] = _no_mark,
-    autocast: Any = contextlib.nullcontext(),  # noqa: B008 (stateless, shared on purpose)
 ) -> torch.Tensor:
-    """Forward, loss, zero_grad, backward, step. `mark` stamps the timing boundaries;
-    `autocast` is bf16 autocast with train.precision=bf16, else a no-op."""
-    try:
-        with autocast:
-            logits = model(inputs)  # 1. forward
-            loss = loss_fn(logits, targets)  # 2. loss
-    except RuntimeError as error:
-        raise _explain_device_mismatch(error, model, inputs, targets) from error
-    mark("forward")
-    optimizer.zero_grad(set_to_none=True)  # 3. zero_grad
-    loss.backward()  # 4. backward
-    mark("backward")
-    optimizer.step()  # 5. step
+    """Forward, loss, zero_grad, backward, step on one batch (`[batch]`); with gradient
+    accumulation, on k micro-batches: the k gradients add up (each loss divided by k) before
+    the one optimizer step, and under DDP only the last backward all-reduces them. Returns the
+    mean loss, still on the device. `mark` stamps the timing boundaries."""
+    knobs = knobs or Knobs()
+    k = len(batches)
+    total = torch.zeros(())
+    for i, batch in enumerate(batches):
+        with _gradient_sync(model, last=i == k - 1):
+            try:
+                with knobs.autocast:
+                    outputs = task.forward(model, batch)  # 1. forward
+                    loss = task.loss(outputs, batch, loss_fn)  # 2. loss
+            except RuntimeError as error:
+                raise _explain_device_mismatch(error, model, batch) from error
+            mark("forward")
+            if i == 0:
+                optimizer.zero_grad(set_to_none=True)  # 3. zero_grad
+            knobs.backward(loss / k if k > 1 else loss)  # 4. backward
+            mark("backward")
+        total = loss.detach() if i == 0 else total + loss.detach()
+    knobs.step(optimizer)  # 5. step
     mark("optimizer")
-    return loss.detach()  # still on the device: no sync here
+    return total / k if k > 1 else total  # still on the device: no sync here
 
 
-def _explain_device_mismatch(
-    error: RuntimeError, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-) -> Exception:
-    if "same device" not in str(error) and "device" not in str(error).lower():
+def _gradient_sync(model: nn.Module, last: bool) -> Any:
+    """DDP all-reduces the gradients at the last micro-batch's backward only."""
+    no_sync = getattr(model, "no_sync", None)
+    return contextlib.nullcontext() if last or no_sync is None else no_sync()
+
+
+def _explain_device_mismatch(error: RuntimeError, model: nn.Module, batch: Any) -> Exception:
+    if "device" not in str(error).lower():
         return error
-    model_device = next(model.parameters(), inputs).device
-    if inputs.device == model_device and targets.device == model_device:
+    found = tensors(batch)
+    model_device = next(model.parameters(), found[0] if found else torch.empty(0)).device
+    if all(t.device == model_device for t in found):
         return error
+    where = ", ".join(sorted({str(t.device) for t in found}))
     return DeviceError(
-        f"model and data are on different devices: model on {model_device}, "
-        f"inputs on {inputs.device}, targets on {targets.device}",
+        f"model and data are on different devices: model on {model_device}, batch on {where}",
         hint="move the model once with model.to(device) and every batch inside the loop "
         "with move_batch_to_device(batch, device)",
     )
@@ -77,30 +120,29 @@ def _explain_device_mismatch(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: Iterable[Any], loss_fn: Any, device: torch.device
-) -> tuple[float, float, np.ndarray]:
-    """Mean loss, accuracy and predicted classes over a split's batches (eval mode, no grad).
-
-    Accuracy and predictions are for class labels (outputs [n, classes], integer targets);
-    for other targets accuracy is NaN and predictions are empty. Results reach NumPy via .cpu().
-    """
+    model: nn.Module,
+    batches: Iterable[Any],
+    task: Any,
+    loss_fn: Any,
+    device: torch.device,
+    metrics: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """`[loss x count summed, count]` over a split's batches (eval mode, no grad, on the
+    device: the caller reads it, after reducing it over ranks), each metric updated with the
+    task's (predictions, targets)."""
     was_training = model.training
     model.eval()
-    total_loss, correct, count = torch.zeros((), device=device), torch.zeros((), device=device), 0
-    predictions: list[torch.Tensor] = []
-    classes = True
-    for batch in batches:
-        inputs, targets = move_batch_to_device(batch, device)
-        outputs = model(inputs)
-        total_loss += loss_fn(outputs, targets).float() * targets.shape[0]
-        count += targets.shape[0]
-        classes = classes and outputs.ndim == 2 and not targets.is_floating_point()
-        if classes:
-            predicted = outputs.argmax(dim=1)
-            correct += (predicted == targets).sum()
-            predictions.append(predicted)
+    totals = torch.zeros(2, device=device)
+    with task.evaluating():
+        for batch in batches:
+            batch = move_batch_to_device(batch, device)
+            outputs = task.forward(model, batch)
+            count = task.count(batch)
+            totals[0] += task.loss(outputs, batch, loss_fn).float() * count
+            totals[1] += count
+            if metrics:
+                predictions, targets = task.predictions(outputs, batch)
+                for metric in metrics.values():
+                    metric.update(predictions, targets)
     model.train(was_training)
-    mean_loss = (total_loss / max(count, 1)).cpu().item()  # sync point: the one read of the results
-    if not classes:
-        return mean_loss, float("nan"), np.empty(0, dtype=np.int64)
-    return mean_loss, correct.cpu().item() / max(count, 1), torch.cat(predictions).cpu().numpy()
+    return totals

@@ -72,11 +72,10 @@ class PhaseClock:
             self._pending[-1][1][-1][1].synchronize()  # sync point: waits for the last step's work
         out = []
         for step, marks in self._pending:
-            phases = {
-                name: self._ms(marks[i - 1][1], marks[i][1])
-                for i, (name, _) in enumerate(marks)
-                if i > 0
-            }
+            phases: dict[str, float] = {}  # a phase marked more than once (gradient
+            for i in range(1, len(marks)):  # accumulation's micro-batches) adds up
+                name = marks[i][0]
+                phases[name] = phases.get(name, 0.0) + self._ms(marks[i - 1][1], marks[i][1])
             phases["step"] = self._ms(marks[0][1], marks[-1][1])
             out.append((step, phases))
         self._pending = []
@@ -114,20 +113,23 @@ class TimingSummary:
         return len(self.samples.get("step", []))
 
 
-def training_flops_per_sample(model: torch.nn.Module, example: torch.Tensor) -> float:
+def training_flops_per_sample(
+    model: torch.nn.Module, forward: Callable[[], torch.Tensor], samples: int
+) -> float:
     """FLOPs of one forward and backward per sample, counted by torch's own FlopCounterMode
-    (any model: convolutions, attention, ... not only Linear layers). Eval mode, so no batch
-    statistic moves and no dropout mask is drawn; gradients are cleared afterwards."""
+    (any model: convolutions, attention, ... not only Linear layers); `forward()` runs the
+    model on an example batch of `samples` and returns its predictions. Eval mode, so no
+    batch statistic moves and no dropout mask is drawn; gradients are cleared afterwards."""
     from torch.utils.flop_counter import FlopCounterMode  # imports torch's op registry: once
 
     was_training = model.training
     model.eval()
     try:
         with FlopCounterMode(display=False) as counter:
-            model(example).float().sum().backward()
-    except RuntimeError:
+            forward().float().sum().backward()
+    except (RuntimeError, TypeError, ValueError):
         return float("nan")  # an op the counter cannot follow: say "not measured"
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return counter.get_total_flops() / example.shape[0]
+    return counter.get_total_flops() / max(samples, 1)

@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,9 +32,12 @@ from torch import nn
 
 from reprotrain import fastpaths
 from reprotrain.build import Pieces
-from reprotrain.data.batches import val_batches
+from reprotrain.callbacks import improved
+from reprotrain.data.batches import val_batches, validation_batch_size
 from reprotrain.devices import synchronize
-from reprotrain.errors import UserError
+from reprotrain.errors import ConfigError, UserError
+from reprotrain.metrics import compute as compute_metrics
+from reprotrain.metrics import higher_is_better
 from reprotrain.progress import Progress
 from reprotrain.schema import TrainConfig
 from reprotrain.step import evaluate, move_batch_to_device
@@ -57,12 +60,13 @@ class Batches(Protocol):
 
     batches_per_epoch: int
 
-    def take(self, total: int, start: int = 0) -> Iterator[Any]: ...
+    def take(self, total: int, start: int = 0) -> Iterator[Any]: ...  # micro-batches
 
 
 class Ranks(Protocol):
     """This process's place in a torchrun job (runtime.distributed.Group)."""
 
+    rank: int
     world_size: int
     main: bool
     active: bool
@@ -74,7 +78,7 @@ class Ranks(Protocol):
 class OneProcess:
     """Training in one process: the mean over ranks is the value itself."""
 
-    world_size, main, active = 1, True, False
+    rank, world_size, main, active = 0, 1, True, False
 
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         return values
@@ -85,17 +89,19 @@ class OneProcess:
 
 @dataclass
 class Fitted:
-    """What fit() leaves: every step's loss, the timings, and how many losses were not finite."""
+    """What fit() leaves: every step's loss, the timings, how many losses were not finite, and
+    the final validation's figures ({"val/loss": ..., "val/<metric>": ...})."""
 
     steps: list[int]
     losses: list[float]
     timings: dict[str, float]
     nonfinite_steps: int = 0
+    validation: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
     """Trains `model` (the module the step calls: `pieces.model`, or its DDP wrapper) with
-    `pieces`' loss, optimizer and scheduler on `batches`, on `device`, as `train` says."""
+    `pieces`' task, loss, optimizer and scheduler on `batches`, on `device`, as `train` says."""
 
     def __init__(
         self,
@@ -108,26 +114,37 @@ class Trainer:
     ) -> None:
         self.model, self.pieces, self.batches = model, pieces, batches
         self.device, self.train, self.group = device, train, group or OneProcess()
-        self.step_fn = fastpaths.step_function(
-            train, device, model, pieces.loss_fn, pieces.optimizer
-        )
+        self.micro = train.accumulate_grad_batches  # batches per optimizer step
+        if batches.batches_per_epoch < self.micro:
+            raise ConfigError(
+                f"train.accumulate_grad_batches={self.micro} is more batches than an epoch "
+                f"holds ({batches.batches_per_epoch} of train.batch_size={train.batch_size})",
+                hint="lower train.accumulate_grad_batches or train.batch_size",
+            )
+        self.knobs = fastpaths.knobs(train, device)
+        self.step_fn = fastpaths.step_function(train, device, model, pieces, self.knobs)
         self.clock = PhaseClock(device)
         self.step = 0
         self.losses: list[float] = []  # every step's loss: loss.csv and the loss window
         self.timings: dict[str, float] | None = None  # set when fit() reaches the last step
         self.nonfinite: list[int] = []
+        self.validation: tuple[int, dict[str, float]] | None = None  # the last: (step, values)
+        self.best = Best(train.objective, higher_is_better(_metric_of(pieces, train.objective)))
+        self.stopped_early: str | None = None  # why a callback stopped the run, once it has
 
-    def train_step(self, batch: Any) -> torch.Tensor:
-        """One step of the lesson on `batch`; returns its loss, still on the device."""
+    def train_step(self, *batches: Any) -> torch.Tensor:
+        """One step of the lesson on `batch` (k micro-batches under gradient accumulation);
+        returns its loss, still on the device."""
         self.clock.start_step()
-        inputs, targets = move_batch_to_device(batch, self.device)  # every batch, in the loop
+        batches = tuple(move_batch_to_device(b, self.device) for b in batches)  # in the loop
         self.clock.mark("data_to_device")
-        loss = self.step_fn(inputs, targets, self.clock.mark)  # forward, loss, zero_grad,
-        self.step += 1  # backward, step
+        loss = self.step_fn(batches, self.clock.mark)  # forward, loss, zero_grad, backward,
+        self.step += 1  # step
         self.clock.end_step(self.step)
-        scheduler = self.pieces.scheduler
-        per_epoch = self.pieces.scheduler_interval == "epoch"
-        if scheduler is not None and (not per_epoch or self.step % self.epoch_length == 0):
+        scheduler, interval = self.pieces.scheduler, self.pieces.scheduler_interval
+        if scheduler is not None and (
+            interval == "step" or (interval == "epoch" and self.step % self.epoch_length == 0)
+        ):
             scheduler.step()
         return loss
 
@@ -139,22 +156,31 @@ class Trainer:
         stop: GracefulStop | None = None,
         loss_every: int = 1,
     ) -> Fitted:
-        """Train from the current step to `total`; `save(self)` writes a checkpoint;
-        `loss_every` > 1 logs each window of that many steps' mean loss (tracking.loss_every)."""
+        """Train from the current step to `total` (or until a callback stops it early);
+        `save(self)` writes a checkpoint; `loss_every` > 1 logs each window of that many
+        steps' mean loss (tracking.loss_every); the last step is validated."""
         stop = stop or GracefulStop()
         window = Window(self, recorder, total, loss_every)
         cadence = CheckpointCadence(self.train.checkpoint_every, self.train.checkpoint_every_s)
         cadence.saved(self.step, 0.0)
+        self.call("on_train_start")
         stop.in_loop = True
         try:
-            for batch in self.batches.take(total, start=self.step):
-                window.pending.append(self.train_step(batch))
+            for batches in self.steps(total):
+                window.pending.append(self.train_step(*batches))
                 window.after_step()
+                self.call("on_step_end")
                 at_window = self.step % self.train.log_every == 0 or self.step == total
-                if at_window:
+                validating = self.validation_due() and self.step < total
+                if at_window or validating:
                     window.record()
-                    if self.step < total and cadence.due(self.step):
-                        cadence.saved(self.step, self.checkpoint(recorder, save, window))
+                if validating:
+                    self.validate_now(recorder)
+                if self.early_stop_agreed(at_window or validating):
+                    window.record()
+                    break
+                if at_window and self.step < total and cadence.due(self.step):
+                    cadence.saved(self.step, self.checkpoint(recorder, save, window))
                 if self.stopping(stop, at_window):
                     window.record()
                     self.checkpoint(recorder, save, window)
@@ -162,9 +188,108 @@ class Trainer:
         finally:
             stop.in_loop = False
             window.progress.close()
-        self.timings = window.timings(total)
-        return Fitted(list(range(1, total + 1)), self.losses, self.timings, len(self.nonfinite))
+        self.timings = window.timings(self.step)
+        self.finish_validation(recorder)
+        self.call("on_train_end")
+        return self.fitted()
 
+    def steps(self, total: int) -> Iterator[tuple[Any, ...]]:
+        """The batches of steps step+1..total, `train.accumulate_grad_batches` at a time."""
+        micro = self.batches.take(total * self.micro, start=self.step * self.micro)
+        return zip(*[iter(micro)] * self.micro, strict=False)
+
+    def fitted(self) -> Fitted:
+        return Fitted(
+            list(range(1, self.step + 1)),
+            self.losses,
+            self.timings or {},
+            len(self.nonfinite),
+            dict(self.validation[1]) if self.validation else {},
+        )
+
+    # -- validation and what it drives
+    def validation_due(self) -> bool:
+        every = self.train.val_every
+        if every == "epoch":
+            return self.step % self.epoch_length == 0
+        return bool(every) and self.step % every == 0
+
+    def validate_now(self, recorder: Recorder) -> dict[str, float]:
+        """Validate at this step (every rank): log val/*, keep the best weights, step a
+        metric-driven scheduler, tell the callbacks, and agree whether to stop early."""
+        values = self.validate()
+        self.validation = (self.step, values)
+        if self.group.main:
+            recorder.log_metrics(values, self.step)
+        if self.train.keep_best and self.best.update(values, self.step):
+            self.best.keep(self.pieces.model)
+        if self.pieces.scheduler_interval == "validation":
+            self.pieces.scheduler.step(values[self.pieces.monitor])
+        self.call("on_validation_end", values)
+        return values
+
+    def early_stop_agreed(self, at_boundary: bool) -> bool:
+        """A callback asked to stop (rank 0's, at any step): stop here. Under torchrun the
+        ranks agree at window and validation boundaries, so that every rank stops together."""
+        if not self.group.active:
+            return self.stopped_early is not None
+        if not at_boundary:
+            return False
+        agreed = self.group.any(self.stopped_early is not None, self.device)
+        if agreed and self.stopped_early is None:  # the other ranks: their callbacks do not run
+            self.stopped_early = "stopped by a callback on rank 0"
+        return agreed
+
+    def finish_validation(self, recorder: Recorder) -> None:
+        """The last step's validation (unless it was just taken); with train.keep_best, the
+        model then holds the best validation's weights and its figures are the run's."""
+        if self.validation is None or self.validation[0] != self.step:
+            self.validate_now(recorder)
+        if self.train.keep_best and self.best.weights is not None:
+            self.pieces.model.load_state_dict(self.best.weights)
+            self.validation = (self.best.step, dict(self.best.values))
+
+    def validate(self) -> dict[str, float]:
+        """`val/loss` and `val/<metric>` on the validation split (this rank's share of it,
+        reduced over every rank)."""
+        pieces, group = self.pieces, self.group
+        val = val_batches(
+            pieces.splits.val,
+            self.device,
+            self.val_batch_size,
+            pieces.reading.collate_fn,
+            group.rank,
+            group.world_size,
+        )
+        totals = evaluate(
+            pieces.model, val, pieces.task, pieces.loss_fn, self.device, pieces.metrics
+        )
+        loss_sum, count = group.mean(totals).cpu().tolist()  # sync point: once per validation
+        values = {"val/loss": loss_sum / count if count else float("nan")}
+        values.update({f"val/{k}": v for k, v in compute_metrics(pieces.metrics).items()})
+        return values
+
+    @property
+    def val_batch_size(self) -> int:
+        pieces = self.pieces
+        return validation_batch_size(
+            self.train.batch_size, pieces.task.carry_state, pieces.reading.collate_fn
+        )
+
+    def stop_early(self, reason: str) -> None:
+        """Stop after this step; the run ends FINISHED, tagged with the reason."""
+        self.stopped_early = reason
+
+    def call(self, hook: str, *args: Any) -> None:
+        """Each callback's `hook` (those it has), on rank 0."""
+        if not self.group.main:
+            return
+        for callback in self.pieces.callbacks.values():
+            method = getattr(callback, hook, None)
+            if method is not None:
+                method(self, *args)
+
+    # -- stopping and checkpoints
     def stopping(self, stop: GracefulStop, at_window: bool) -> bool:
         """A Ctrl-C / SIGTERM arrived: stop here. Under torchrun the ranks agree at window
         boundaries, so that every rank stops at the same step."""
@@ -187,44 +312,106 @@ class Trainer:
         window.checkpoint_s += took
         return took
 
-    def validate(self) -> tuple[float, float]:
-        """Mean loss and accuracy on the validation split (accuracy NaN for non-class targets)."""
-        val = val_batches(self.pieces.splits.val, self.device)
-        loss, accuracy, _ = evaluate(self.pieces.model, val, self.pieces.loss_fn, self.device)
-        return loss, accuracy
+    @property
+    def samples_per_step(self) -> int:
+        """Every rank's micro-batches of one optimizer step (the global batch)."""
+        return self.group.world_size * self.train.batch_size * self.micro
 
     @property
     def epoch_length(self) -> int:
-        return self.batches.batches_per_epoch
+        """Optimizer steps per epoch."""
+        return self.batches.batches_per_epoch // self.micro
 
     def state_dict(self) -> dict[str, Any]:
-        """What resuming needs: the model, optimizer and scheduler, the RNG states, the step
-        (the batch order is derived from train.seed and the step), the losses so far, and
-        once fit() has ended, its timings (a run killed after training finishes from them)."""
-        scheduler = self.pieces.scheduler
+        """What resuming needs: the model, optimizer and scheduler (and fp16's scaler), the
+        RNG states, the step (the batch order is derived from train.seed and the step), the
+        task's state (a recurrent model's hidden state), the callbacks' states, the best
+        validation, the losses so far, and once fit() has ended, its timings (a run killed
+        after training finishes from them)."""
+        pieces, scheduler, scaler = self.pieces, self.pieces.scheduler, self.knobs.scaler
         return {
             "step": self.step,
             "epoch": self.step // self.epoch_length,
-            "model": self.pieces.model.state_dict(),
-            "optimizer": self.pieces.optimizer.state_dict(),
+            "model": pieces.model.state_dict(),
+            "optimizer": pieces.optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "task": pieces.task.state_dict(),
+            "callbacks": {
+                name: callback.state_dict()
+                for name, callback in pieces.callbacks.items()
+                if hasattr(callback, "state_dict")
+            },
+            "best": self.best.state_dict(),
+            "validation": self.validation,
+            "stopped_early": self.stopped_early,
             "losses": list(self.losses),
             "timings": self.timings,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pieces.model.load_state_dict(state["model"])
-        self.pieces.optimizer.load_state_dict(state["optimizer"])
-        if self.pieces.scheduler is not None and state.get("scheduler") is not None:
-            self.pieces.scheduler.load_state_dict(state["scheduler"])
+        pieces = self.pieces
+        pieces.model.load_state_dict(state["model"])
+        pieces.optimizer.load_state_dict(state["optimizer"])
+        if pieces.scheduler is not None and state.get("scheduler") is not None:
+            pieces.scheduler.load_state_dict(state["scheduler"])
+        if self.knobs.scaler is not None and state.get("scaler") is not None:
+            self.knobs.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+        pieces.task.load_state_dict(state.get("task") or {})
+        if hasattr(pieces.task, "to"):
+            pieces.task.to(self.device)
+        for name, kept in (state.get("callbacks") or {}).items():
+            if name in pieces.callbacks and hasattr(pieces.callbacks[name], "load_state_dict"):
+                pieces.callbacks[name].load_state_dict(kept)
+        self.best.load_state_dict(state.get("best"))
+        self.validation = state.get("validation")
+        self.stopped_early = state.get("stopped_early")
         self.step, self.losses = int(state["step"]), list(state["losses"])
         self.timings = state.get("timings")
         self.nonfinite = [i + 1 for i, v in enumerate(self.losses) if not np.isfinite(v)]
+
+
+class Best:
+    """The best validation by `objective` so far, and (train.keep_best) the model's weights
+    then, on the CPU."""
+
+    def __init__(self, objective: str, higher: bool) -> None:
+        self.objective, self.higher = objective, higher
+        self.value, self.step = float("nan"), 0
+        self.values: dict[str, float] = {}
+        self.weights: dict[str, torch.Tensor] | None = None
+
+    def update(self, values: dict[str, float], step: int) -> bool:
+        value = values.get(self.objective, float("nan"))
+        if not improved(value, self.value, self.higher):
+            return False
+        self.value, self.step, self.values = value, step, dict(values)
+        return True
+
+    def keep(self, model: nn.Module) -> None:
+        self.weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "step": self.step,
+            "values": self.values,
+            "weights": self.weights,
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state:
+            self.value, self.step = float(state["value"]), int(state["step"])
+            self.values, self.weights = dict(state["values"]), state["weights"]
+
+
+def _metric_of(pieces: Pieces, objective: str) -> Any:
+    return pieces.metrics.get(objective.removeprefix("val/")) if objective != "val/loss" else None
 
 
 class Window:
@@ -295,7 +482,7 @@ class Window:
 
     def samples_per_s(self, step_ms: float) -> float:
         """Samples per second of the whole job (every rank's) at `step_ms` a step."""
-        batch = self.trainer.group.world_size * self.trainer.train.batch_size
+        batch = self.trainer.samples_per_step
         return batch / (step_ms / 1e3) if np.isfinite(step_ms) and step_ms > 0 else 0.0
 
     def timings(self, total: int) -> dict[str, float]:
@@ -304,7 +491,7 @@ class Window:
         synchronize(self.trainer.device)  # sync point: all queued work is done
         elapsed = time.perf_counter() - (self.measure_from or 0.0) - self.checkpoint_s
         measured = total - self.warmup_end if self.measure_from is not None else 0
-        batch = self.trainer.group.world_size * self.trainer.train.batch_size
+        batch = self.trainer.samples_per_step
         return {
             "samples_per_s": measured * batch / elapsed if measured and elapsed > 0 else np.nan,
             "step_ms_median": self.summary.median("step"),

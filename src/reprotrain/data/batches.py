@@ -4,13 +4,16 @@
     for inputs, targets in batches.take(total_steps, start=step_reached): ...
 
 Two ways, the same batches (each epoch's order is drawn from (seed, epoch) alone, so a
-resumed run, or the other way, sees exactly what an uninterrupted run sees):
+resumed run, or the other way, sees exactly what an uninterrupted run sees; with
+`data.shuffle=false` every epoch reads the split in order):
 
 - **resident**: the whole split lives on the device; a batch is a slice of the epoch's
-  shuffled copy, so nothing is copied inside the loop. For data that fits (train.resident_data).
+  shuffled copy, so nothing is copied inside the loop. For data that fits (train.resident_data)
+  and items of one shape (tensors, or tuples and dicts of them).
 - **streamed**: a `torch.utils.data.DataLoader` reads the batches the sampler names
-  (`train.num_workers` worker processes, pinned memory for a GPU); the loop moves each batch
-  to the device, as the lesson does. In a container, workers share batches through /dev/shm:
+  (`train.num_workers` worker processes, pinned memory for a GPU) and collates them
+  (`data.collate_fn`: padding to the longest item, say); the loop moves each batch to the
+  device, as the lesson does. In a container, workers share batches through /dev/shm:
   `runtime.shm_size` (1g) bounds it.
 The ragged tail of an epoch is dropped: every step sees a full batch.
 
@@ -22,21 +25,25 @@ together see what one process with the global batch would, in the same order.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from reprotrain.data.splits import nbytes, to_tensors
+from reprotrain.data.structure import map_tensors
 from reprotrain.errors import ConfigError
 
 RESIDENT_HOST_LIMIT = 1 << 30  # materialise a non-tensor dataset only up to 1 GiB
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
     """The sample order of one epoch, from (seed, epoch) alone: no state carried between epochs."""
+    if not shuffle:
+        return torch.arange(n)
     (state,) = np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)
     return torch.randperm(n, generator=torch.Generator().manual_seed(int(state)))
 
@@ -53,8 +60,9 @@ class EpochBatches:
         total: int,
         rank: int = 0,
         world: int = 1,
+        shuffle: bool = True,
     ) -> None:
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
         self.start, self.total = start, total
         self.batches_per_epoch = n // (batch_size * world)
         self.offset, self.stride = rank * batch_size, batch_size * world
@@ -66,7 +74,7 @@ class EpochBatches:
         epoch, position = divmod(self.start, self.batches_per_epoch)
         step = self.start
         while step < self.total:
-            order = epoch_order(self.n, self.seed, epoch)
+            order = epoch_order(self.n, self.seed, epoch, self.shuffle)
             for i in range(position, self.batches_per_epoch):
                 if step >= self.total:
                     return
@@ -89,26 +97,37 @@ class ResidentBatches:
         seed: int,
         rank: int = 0,
         world: int = 1,
+        shuffle: bool = True,
     ) -> None:
-        inputs, targets = to_tensors(dataset)
-        self.x, self.y = inputs.to(device), targets.to(device)
-        self.batch_size, self.seed = batch_size, seed
-        self.batches_per_epoch = self.x.shape[0] // (batch_size * world)
+        self.data = map_tensors(lambda t: t.to(device), to_tensors(dataset))
+        self.n = len(dataset)
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self.batches_per_epoch = self.n // (batch_size * world)
         self.offset, self.stride = rank * batch_size, batch_size * world
+        self.device = device
 
-    def take(self, total: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def take(self, total: int, start: int = 0) -> Iterator[Any]:
         epoch, position = divmod(start, self.batches_per_epoch)
 
-        def epochs() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        def epochs() -> Iterator[Any]:
             for number in itertools.count(epoch):
-                order = epoch_order(self.x.shape[0], self.seed, number).to(self.x.device)
-                x_epoch, y_epoch = self.x[order], self.y[order]
+                order = epoch_order(self.n, self.seed, number, self.shuffle).to(self.device)
+                shuffled = map_tensors(lambda t, o=order: t[o], self.data)
                 for i in range(self.batches_per_epoch):
                     first = i * self.stride + self.offset
                     window = slice(first, first + self.batch_size)
-                    yield x_epoch[window], y_epoch[window]
+                    yield map_tensors(lambda t, w=window: t[w], shuffled)
 
         return itertools.islice(epochs(), position, position + total - start)
+
+
+@dataclass
+class Reading:
+    """How the split is read: shuffled each epoch or in order (`data.shuffle`), and how items
+    become a batch (`data.collate_fn`; None: torch's default_collate)."""
+
+    shuffle: bool = True
+    collate_fn: Callable[[list[Any]], Any] | None = None
 
 
 class LoaderBatches:
@@ -119,25 +138,32 @@ class LoaderBatches:
     def __init__(
         self,
         dataset: Dataset,
-        batch_size: int,
-        device: torch.device,
-        seed: int,
         train: Any,
+        device: torch.device,
+        reading: Reading,
         rank: int = 0,
         world: int = 1,
     ) -> None:
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.rank, self.world = rank, world
-        self.batches_per_epoch = len(dataset) // (batch_size * world)
+        self.dataset, self.batch_size, self.seed = dataset, train.batch_size, train.seed
+        self.rank, self.world, self.shuffle = rank, world, reading.shuffle
+        self.batches_per_epoch = len(dataset) // (self.batch_size * world)
         self.options = {
             "num_workers": train.num_workers,
             "pin_memory": train.pin_memory and device.type == "cuda",  # copies overlap compute
             "persistent_workers": train.persistent_workers and train.num_workers > 0,
+            "collate_fn": reading.collate_fn,
         }
 
     def take(self, total: int, start: int = 0) -> Iterator[Any]:
         sampler = EpochBatches(
-            len(self.dataset), self.batch_size, self.seed, start, total, self.rank, self.world
+            len(self.dataset),
+            self.batch_size,
+            self.seed,
+            start,
+            total,
+            self.rank,
+            self.world,
+            self.shuffle,
         )
         # The generator seeds the workers (their torch/random seeds): the same each run.
         loader = DataLoader(
@@ -150,8 +176,14 @@ class LoaderBatches:
 
 
 def make_batches(
-    dataset: Dataset, train: Any, device: torch.device, rank: int = 0, world: int = 1
+    dataset: Dataset,
+    train: Any,
+    device: torch.device,
+    reading: Reading | None = None,
+    rank: int = 0,
+    world: int = 1,
 ) -> ResidentBatches | LoaderBatches:
+    reading = reading or Reading()
     n = len(dataset)
     if train.batch_size * world > n:
         per = f" x {world} processes" if world > 1 else ""
@@ -160,14 +192,25 @@ def make_batches(
             f"({n} samples)",
             hint=f"use train.batch_size<={n // world}, or more data",
         )
-    if keep_resident(dataset, train, device):
-        return ResidentBatches(dataset, train.batch_size, device, train.seed, rank, world)
-    return LoaderBatches(dataset, train.batch_size, device, train.seed, train, rank, world)
+    if keep_resident(dataset, train, device, reading):
+        return ResidentBatches(
+            dataset, train.batch_size, device, train.seed, rank, world, reading.shuffle
+        )
+    return LoaderBatches(dataset, train, device, reading, rank, world)
 
 
-def keep_resident(dataset: Dataset, train: Any, device: torch.device) -> bool:
-    """auto: resident when the split is in tensors already (or small), no workers were asked
-    for, and on a GPU it takes under a quarter of the free memory."""
+def keep_resident(dataset: Dataset, train: Any, device: torch.device, reading: Reading) -> bool:
+    """auto: resident when the split is in tensors already (or small) and its items collate
+    without a collate_fn, no workers were asked for, and on a GPU it takes under a quarter
+    of the free memory."""
+    if reading.collate_fn is not None:
+        if train.resident_data is True:
+            raise ConfigError(
+                "train.resident_data=true with data.collate_fn: a collate function makes each "
+                "batch from its items, so the split cannot be kept as one resident batch",
+                hint="drop train.resident_data=true (auto streams it), or drop data.collate_fn",
+            )
+        return False
     if train.resident_data != "auto":
         return bool(train.resident_data)
     if train.num_workers > 0:
@@ -181,11 +224,28 @@ def keep_resident(dataset: Dataset, train: Any, device: torch.device) -> bool:
     return True
 
 
-def val_batches(dataset: Dataset, device: torch.device, batch_size: int = 4096) -> Iterator[Any]:
-    """The validation split in order, in large batches, for evaluation."""
-    if isinstance(dataset, TensorDataset):
-        inputs, targets = dataset.tensors[:2]
-        for start in range(0, inputs.shape[0], batch_size):
-            yield inputs[start : start + batch_size], targets[start : start + batch_size]
+def validation_batch_size(batch_size: int, carry_state: bool, collate_fn: Any) -> int:
+    """Large batches for tensors; the training batch size for a recurrent model's streams
+    (a hidden state per row) and for items a collate function pads."""
+    return batch_size if carry_state or collate_fn is not None else max(batch_size, 4096)
+
+
+def val_batches(
+    dataset: Dataset,
+    device: torch.device,
+    batch_size: int = 4096,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> Iterator[Any]:
+    """The validation split in order, in batches of `batch_size`, for evaluation; under
+    torchrun each rank reads every `world`-th sample from its rank on."""
+    if isinstance(dataset, TensorDataset) and world == 1 and collate_fn is None:
+        tensors = dataset.tensors
+        for start in range(0, len(dataset), batch_size):
+            yield tuple(t[start : start + batch_size] for t in tensors)
         return
-    yield from DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda")
+    share = Subset(dataset, range(rank, len(dataset), world)) if world > 1 else dataset
+    yield from DataLoader(
+        share, batch_size=batch_size, collate_fn=collate_fn, pin_memory=device.type == "cuda"
+    )

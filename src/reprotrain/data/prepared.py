@@ -3,7 +3,9 @@
     python -m reprotrain.prepare                     # data/dataset.npz from params.yaml's data
     python -m reprotrain.train data.file=data/dataset.npz
 
-The file holds x_train, y_train, x_val, y_val (samples of any shape) and num_classes.
+The file holds x_train, y_train, x_val, y_val (samples of any shape; float inputs, or
+integer ones such as token ids, kept as they are) and num_classes; for data whose items are
+dicts, each key's arrays as `train/<key>` and `val/<key>` instead.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from reprotrain.data.splits import Splits, to_tensors
 from reprotrain.errors import DataError
@@ -24,15 +27,24 @@ ARRAYS = ("x_train", "y_train", "x_val", "y_val")
 FIX = "re-create it with `dvc repro prepare` (or `python -m reprotrain.prepare`)"
 
 
-def write_npz(splits: Splits, path: Path) -> str:
-    """Write atomically and return the file's md5, as DVC computes it."""
-    (x_train, y_train), (x_val, y_val) = to_tensors(splits.train), to_tensors(splits.val)
-    arrays = {
-        "x_train": x_train.numpy(),
-        "y_train": y_train.numpy(),
-        "x_val": x_val.numpy(),
-        "y_val": y_val.numpy(),
-    }
+def write_npz(splits: Splits, path: Path, collate_fn: Any = None) -> str:
+    """Write atomically and return the file's md5, as DVC computes it. Each split is one
+    batch of all its items (`collate_fn`, data.collate_fn: padded to the longest)."""
+    arrays: dict[str, np.ndarray] = {}
+    for split in ("train", "val"):
+        dataset = getattr(splits, split)
+        whole = to_tensors(dataset) if collate_fn is None else collate_fn(items_of(dataset))
+        if isinstance(whole, dict):
+            arrays.update({f"{split}/{key}": value.numpy() for key, value in whole.items()})
+        elif len(whole) == 2:
+            arrays[f"x_{split}"], arrays[f"y_{split}"] = (t.numpy() for t in whole)
+        else:
+            raise DataError(
+                f"prepare writes (input, target) pairs or dicts of arrays; the {split} items "
+                f"are {len(whole)}-tuples",
+                hint="return (input, target) or a dict from __getitem__, or train from "
+                "data._target_ directly (data.file=null)",
+            )
     classes = -1 if splits.num_classes is None else int(splits.num_classes)
     write_atomic(
         path, lambda handle: np.savez(handle, num_classes=np.array(classes), **arrays), "--out"
@@ -46,6 +58,8 @@ def read_npz(path: Path) -> Splits:
         raise DataError(f"prepared data file {str(path)!r} does not exist", hint=FIX)
     try:
         with np.load(path, allow_pickle=False) as archive:
+            if any(name.startswith("train/") for name in archive.files):
+                return _read_dicts(path, archive)
             missing = [key for key in ARRAYS if key not in archive.files]
             if missing:
                 raise DataError(
@@ -77,8 +91,9 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray], num_classes: int | 
                 "expected [n, ...] and [n, ...] with n > 0",
                 hint=FIX,
             )
-        if not np.issubdtype(x.dtype, np.floating) or not np.all(np.isfinite(x)):
-            raise DataError(f"{where}: x_{split} holds NaN/inf or non-float values", hint=FIX)
+        numbers = np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)
+        if not numbers or (np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x))):
+            raise DataError(f"{where}: x_{split} holds NaN/inf or non-numeric values", hint=FIX)
         if num_classes is not None and (
             not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes
         ):
@@ -94,9 +109,47 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray], num_classes: int | 
         )
 
 
+class DictDataset(Dataset):
+    """Items that are dicts of tensors, from one tensor per key (a prepared file's)."""
+
+    def __init__(self, columns: dict[str, torch.Tensor]) -> None:
+        self.columns = columns
+        self.length = len(next(iter(columns.values())))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {key: column[index] for key, column in self.columns.items()}
+
+
+def _read_dicts(path: Path, archive: Any) -> Splits:
+    classes = int(archive["num_classes"]) if "num_classes" in archive.files else -1
+    splits = []
+    for split in ("train", "val"):
+        prefix = f"{split}/"
+        columns = {
+            name.removeprefix(prefix): torch.from_numpy(archive[name])
+            for name in archive.files
+            if name.startswith(prefix)
+        }
+        if not columns or len({len(c) for c in columns.values()}) != 1:
+            raise DataError(
+                f"prepared data file {str(path)!r}: the {split} arrays are missing or differ "
+                "in length",
+                hint=FIX,
+            )
+        splits.append(DictDataset(columns))
+    return Splits(splits[0], splits[1], classes if classes > 0 else None)
+
+
 def file_md5(path: Path) -> str:
     digest = hashlib.md5()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def items_of(dataset: Dataset) -> list[Any]:
+    return [dataset[i] for i in range(len(dataset))]

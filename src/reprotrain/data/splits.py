@@ -4,7 +4,9 @@ A `data._target_` may return any of
     Splits(train=..., val=..., num_classes=10)
     {"train": ..., "val": ..., "num_classes": 10}      # or a tuple (train, val, num_classes)
 where `train` and `val` are map-style `torch.utils.data.Dataset`s (`__len__`, `__getitem__`
-returning `(input, target)`) or `(inputs, targets)` pairs of tensors or NumPy arrays.
+returning `(input, target)`, a longer tuple, or a dict such as `{"input_ids": ...,
+"labels": ...}`) or `(inputs, targets)` pairs of tensors or NumPy arrays. `num_classes` is the
+class count (a language model's vocabulary), or None when the targets are not classes.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from reprotrain.data.structure import tensors
 from reprotrain.errors import DataError
 
 FIX = "return Splits(train, val, num_classes) or {'train': ..., 'val': ..., 'num_classes': N} from data._target_ (see the README's 'Bring your own model')"
@@ -89,30 +92,78 @@ def sample_of(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return sample_of_item(item)
 
 
+def first_batch(dataset: Dataset, count: int = 1, collate_fn: Any = None) -> Any:
+    """The first `count` items as one batch, as the loader would make it."""
+    items = [dataset[i] for i in range(min(count, len(dataset)))]
+    try:
+        return (collate_fn or default_collate)(items)
+    except Exception as error:  # default_collate's TypeError/RuntimeError, or the user's
+        raise DataError(
+            f"the items of a {type(dataset).__name__} cannot be made into a batch "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:200]})",
+            hint="return tensors (or tuples and dicts of them) of one shape from __getitem__, "
+            "or give data.collate_fn to pad them",
+        ) from None
+
+
+def input_sample(dataset: Dataset) -> torch.Tensor | None:
+    """A (input, target) item's input as a tensor; None for items of another form (dicts)."""
+    item = dataset[0]
+    if isinstance(item, tuple | list) and len(item) == 2:
+        try:
+            return sample_of_item(item)[0]
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
 def _check_samples(splits: Splits, target: str) -> None:
     for split in ("train", "val"):
         if len(getattr(splits, split)) == 0:
             raise DataError(f"data._target_={target!r}: the {split} split is empty", hint=FIX)
-    (x_train, y_train), (x_val, y_val) = sample_of(splits.train), sample_of(splits.val)
-    if x_train.shape != x_val.shape or y_train.shape != y_val.shape:
+    train, val = splits.train[0], splits.val[0]
+    if _pair(train) and _pair(val):
+        (x_train, y_train), (x_val, y_val) = sample_of_item(train), sample_of_item(val)
+        if x_train.shape != x_val.shape or y_train.shape != y_val.shape:
+            raise DataError(
+                f"data._target_={target!r}: train samples are {_shape(x_train)} -> "
+                f"{_shape(y_train)} but validation samples {_shape(x_val)} -> {_shape(y_val)}",
+                hint="give both splits samples of one shape",
+            )
+    elif _form(train) != _form(val):
         raise DataError(
-            f"data._target_={target!r}: train samples are {_shape(x_train)} -> {_shape(y_train)} "
-            f"but validation samples {_shape(x_val)} -> {_shape(y_val)}",
-            hint="give both splits samples of one shape",
+            f"data._target_={target!r}: train items are {_form(train)} but validation items "
+            f"{_form(val)}",
+            hint="give both splits items of one form",
         )
+
+
+def _pair(item: Any) -> bool:
+    return (
+        isinstance(item, tuple | list)
+        and len(item) == 2
+        and all(torch.is_tensor(v) or isinstance(v, np.ndarray | int | float) for v in item)
+    )
+
+
+def _form(item: Any) -> str:
+    if isinstance(item, Mapping):
+        return "dicts with keys " + ", ".join(sorted(map(str, item)))
+    if isinstance(item, tuple | list):
+        return f"{len(item)}-tuples"
+    return type(item).__name__ + "s"
 
 
 def _shape(tensor: torch.Tensor) -> str:
     return "x".join(map(str, tensor.shape)) or "a scalar"
 
 
-def to_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole split as two tensors (for data that stays resident on the device)."""
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-        inputs, targets = dataset.tensors
-        return inputs, targets
-    pairs = [sample_of_item(dataset[i]) for i in range(len(dataset))]
-    return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+def to_tensors(dataset: Dataset) -> Any:
+    """The whole split as one batch: `(inputs, targets)` tensors for (input, target) items, a
+    dict of tensors for dict items (for data that stays resident on the device)."""
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors)
+    return first_batch(dataset, len(dataset))
 
 
 def sample_of_item(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,8 +175,8 @@ def sample_of_item(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def nbytes(dataset: Dataset) -> int:
-    """Bytes of the split as resident tensors, estimated from its first sample."""
+    """Bytes of the split as resident tensors, estimated from its first item."""
     if isinstance(dataset, TensorDataset):
         return sum(t.numel() * t.element_size() for t in dataset.tensors)
-    x, y = sample_of(dataset)
-    return len(dataset) * (x.numel() * x.element_size() + y.numel() * y.element_size())
+    one = first_batch(dataset, 1)
+    return len(dataset) * sum(t.numel() * t.element_size() for t in tensors(one))

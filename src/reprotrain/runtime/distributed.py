@@ -162,7 +162,18 @@ def wrap(model: nn.Module, group: Group, device: torch.device) -> nn.Module:
     if not group.active:
         return model
     ids = [device.index] if device.type == "cuda" else None
+    standard_strides(model)
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def standard_strides(model: nn.Module) -> None:
+    """DDP broadcasts rank 0's buffers through one flat copy, which torch refuses for a buffer
+    whose size-1 dimension has an odd stride (PyTorch's word-language-model example registers
+    its positional encoding as a transposed view): such a buffer gets the standard strides of
+    its shape, the same values."""
+    for buffer in model.buffers():
+        if buffer.stride() != torch.empty(buffer.shape, device="meta").stride():
+            buffer.data = buffer.clone(memory_format=torch.contiguous_format)
 
 
 def leave(group: Group) -> None:

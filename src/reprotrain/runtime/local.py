@@ -98,10 +98,12 @@ def train(job: Job, group: distributed.Group = distributed.SINGLE) -> dict[str, 
     resume_from = load_resume_point(config)
     status = resumed_status(config, resume_from, uri) if resume_from and job.tracking_uri else None
     job.pieces = build_pieces(config, device)
-    job.example = check_fit(job.pieces.model, job.pieces.loss_fn, job.pieces.splits, device)
+    job.example = check_fit(job.pieces, device)
     trainer = make_trainer(job, group, resume_from)
     total = config.train.steps or config.train.epochs * trainer.epoch_length
-    finishing = resume_from is not None and trainer.step >= total
+    finishing = resume_from is not None and (
+        trainer.step >= total or trainer.stopped_early is not None
+    )
     if finishing and status == "FINISHED":
         raise already_finished(config, resume_from, status)
     job.info = describe_device(device)
@@ -110,7 +112,9 @@ def train(job: Job, group: distributed.Group = distributed.SINGLE) -> dict[str, 
             recorder.log_inputs(as_mlflow_datasets(job.pieces.splits, *dataset_source(config)))
         job.startup_s = process_age_s()  # process start to first step, the run open
         fitted = (
-            finished_fit(trainer, total) if finishing else fit(job, trainer, recorder, stop, total)
+            finished_fit(trainer, recorder)
+            if finishing
+            else fit(job, trainer, recorder, stop, total)
         )
         if not group.main:
             return {}
@@ -132,7 +136,9 @@ def build_pieces(config: Config, device: torch.device) -> Pieces:
 def make_trainer(job: Job, group: distributed.Group, resume_from: dict[str, Any] | None) -> Trainer:
     """The Trainer on this rank's batches, at the checkpoint's step when resuming."""
     config, device, pieces = job.config, job.device, job.pieces
-    batches = make_batches(pieces.splits.train, config.train, device, group.rank, group.world_size)
+    batches = make_batches(
+        pieces.splits.train, config.train, device, pieces.reading, group.rank, group.world_size
+    )
     model = distributed.wrap(pieces.model, group, device)  # DDP under torchrun
     trainer = Trainer(model, pieces, batches, device, config.train, group)
     if resume_from is not None:
@@ -242,15 +248,12 @@ def resumed_status(config: Config, state: dict[str, Any], uri: str) -> str:
     return status
 
 
-def finished_fit(trainer: Trainer, total: int) -> Fitted:
+def finished_fit(trainer: Trainer, recorder: TrackedRun | NoRun) -> Fitted:
     """What fit() left, from the last step's checkpoint: a run killed after training."""
     timings = trainer.timings or {}  # a checkpoint written at a stop has none
-    return Fitted(
-        list(range(1, total + 1)),
-        trainer.losses,
-        {key: float(timings.get(key, float("nan"))) for key in TIMING_KEYS},
-        len(trainer.nonfinite),
-    )
+    trainer.timings = {key: float(timings.get(key, float("nan"))) for key in TIMING_KEYS}
+    trainer.finish_validation(recorder)
+    return trainer.fitted()
 
 
 def out_of_memory(device: torch.device, config: Config, pieces: Pieces | None) -> DeviceError:

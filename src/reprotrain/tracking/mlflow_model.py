@@ -14,6 +14,7 @@ so a model whose class lives in the user's project folder loads from anywhere.
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import shutil
 import site
 import sys
@@ -28,7 +29,8 @@ import numpy as np
 import torch
 from mlflow.models import infer_signature
 
-from reprotrain.tracking.spool import is_unreachable
+from reprotrain.tasks import logits_of
+from reprotrain.tracking.failures import is_store_failure
 
 MODEL_NAME = "model"  # the artifact path: runs:/<run id>/model
 EXAMPLE_ROWS = 4  # rows of the input example kept in the MLflow Model
@@ -45,10 +47,11 @@ def log_pytorch_model(model: Any, input_example: Any, registered_name: str | Non
     # A CPU copy in eval mode: loadable on any machine, and the caller's model is untouched.
     snapshot = copy.deepcopy(model).to("cpu").eval()
     example = example_batch(input_example)
-    with torch.no_grad():
-        output = snapshot(torch.from_numpy(example))
-    signature = infer_signature(example, _as_numpy(output))
-    requirements = pinned_requirements()
+    output = predictions(snapshot, example) if example is not None else None
+    signature = infer_signature(example, output) if example is not None else None
+    if output is None:  # the model needs more than its inputs (a recurrent model's state):
+        example = None  # no example MLflow would try to call it on
+    requirements = pinned_requirements(snapshot)
 
     with tempfile.TemporaryDirectory(prefix="reprotrain-code-") as scratch:
         code = carried_code(snapshot, Path(scratch))
@@ -65,10 +68,12 @@ def log_pytorch_model(model: Any, input_example: Any, registered_name: str | Non
                 serialization_format=serialization_format,
             )
 
+        if not isinstance(example, np.ndarray):  # torch.export traces one tensor input here
+            return log("pickle")
         try:
             return log("pt2")
         except Exception as error:
-            if is_unreachable(error):  # the store, not the model: nothing to retry here
+            if is_store_failure(error):  # the store, not the model: nothing to retry here
                 raise
             _drop_failed_model()  # torch.export could not trace the model
             print(
@@ -81,23 +86,48 @@ def log_pytorch_model(model: Any, input_example: Any, registered_name: str | Non
             return log("pickle")
 
 
-def pinned_requirements() -> list[str]:
-    """Explicit pins: otherwise MLflow infers the requirements by importing the model. A local
-    version label (2.13.0+cpu) is dropped: it names a wheel index, not code."""
-    return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
+def pinned_requirements(model: Any) -> list[str]:
+    """Explicit pins: otherwise MLflow infers the requirements by importing the model. torch,
+    MLflow, and each installed distribution a class of the model comes from (transformers for
+    a Hugging Face model). A local version label (2.13.0+cpu) is dropped: it names a wheel
+    index, not code."""
+    pins = {"torch": torch.__version__.split("+")[0], "mlflow": mlflow.__version__}
+    distributions = importlib.metadata.packages_distributions()
+    for top in sorted({type(part).__module__.partition(".")[0] for part in model.modules()}):
+        place = _source_place(sys.modules.get(top))
+        for name in (
+            distributions.get(top, []) if place is not None and _is_installed(place) else []
+        ):
+            pins.setdefault(name, importlib.metadata.version(name).split("+")[0])
+    return [f"{name}=={version}" for name, version in pins.items()]
 
 
-def example_batch(input_example: Any) -> np.ndarray:
-    """A few rows of a batch as a numpy array on the CPU. Two rows at least: torch.export
-    keeps the batch dimension dynamic only when the example has more than one row."""
+def example_batch(input_example: Any) -> Any:
+    """A few rows of the model's inputs on the CPU: an array, or a dict of arrays (None: no
+    example). Two rows at least: torch.export keeps the batch dimension dynamic only when
+    the example has more than one row."""
+    if input_example is None:
+        return None
+    if isinstance(input_example, dict):
+        return {k: example_batch(v) for k, v in input_example.items()}
     if hasattr(input_example, "detach"):  # a torch.Tensor, on any device
         input_example = input_example.detach().cpu().numpy()
     batch = np.asarray(input_example)[:EXAMPLE_ROWS]
     return np.concatenate([batch, batch]) if len(batch) == 1 else batch
 
 
-def _as_numpy(output: Any) -> Any:
-    return output.detach().numpy() if hasattr(output, "detach") else output
+def predictions(model: Any, example: Any) -> Any:
+    """The model's predictions on the example, as numpy (the signature's output); None when
+    the model cannot be called on the inputs alone (a recurrent model that needs a state)."""
+    try:
+        with torch.no_grad():
+            if isinstance(example, dict):
+                output = model(**{k: torch.from_numpy(v) for k, v in example.items()})
+            else:
+                output = model(torch.from_numpy(example))
+        return logits_of(output).detach().numpy()
+    except (RuntimeError, TypeError, ValueError):
+        return None
 
 
 def carried_code(model: Any, scratch: Path) -> list[str]:
