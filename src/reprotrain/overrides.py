@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -133,7 +134,9 @@ def check_composes(flags: dict[str, str], task: list[Override], hydra: list[Over
         axes = configs.axes([*task, *(p for p in hydra if p not in searchpath)])
         job = [axis.overrides[0] for axis in axes.values()]
         given = {axis.group: axis.given for axis in axes.values()}
-        configs.compose(job, given, with_hydra=True)  # the search path is configs.search
+        cfg = configs.compose(job, given, with_hydra=True)  # the search path is configs.search
+        if not (flags.get("--cfg") or flags.get("-c")):  # printing a config makes no folder
+            check_run_folder(cfg, "hydra.run.dir")
 
 
 def check_sweep(flags: dict[str, str], task: list[Override], hydra: list[Override]) -> None:
@@ -148,6 +151,28 @@ def check_sweep(flags: dict[str, str], task: list[Override], hydra: list[Overrid
         for job in _jobs([axis.overrides for axis in axes.values()]):
             values = [o for o, sweep in zip(job, swept, strict=True) if sweep]
             configs.validate_job(job, given, swept=values)
+
+
+def check_run_folder(cfg: DictConfig, key: str) -> None:
+    """Hydra makes the run's folder (a sweep's, for --multirun) before the job starts, and a
+    path it cannot make is a traceback there: its nearest existing part must be a writable
+    folder. Nothing is made here."""
+    try:
+        given = OmegaConf.select(cfg, key)
+    except OmegaConfBaseException:
+        return  # an interpolation only Hydra's job can resolve: Hydra's to report
+    if not given:
+        return
+    folder = Path(str(given)).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return
+    why = "not writable" if existing.is_dir() else "not a folder"
+    raise ConfigError(
+        f"{key}={str(given)!r} cannot be made: {existing} is {why}; allowed: a folder path "
+        "whose existing part is a writable folder",
+        hint=f"give {key}=<a writable folder>, or drop the override (conf/config.yaml's)",
+    )
 
 
 SLURM_LAUNCHERS = ("slurm", "submitit_slurm")  # conf/hydra/launcher/slurm.yaml, the plugin's
@@ -258,6 +283,7 @@ class _Configs:
             # (hydra/sweeper=optuna) still decide which sweeper settings exist.
             groups = [o for o in hydra_fixed if o.lstrip("+~").startswith("hydra/")]
             cfg = self.compose([*fixed, *groups], given={}, with_hydra=True)
+        check_run_folder(cfg, "hydra.sweep.dir")
         storage = OmegaConf.select(cfg, "hydra.sweeper.storage")
         if storage:
             raise ConfigError(

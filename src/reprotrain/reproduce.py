@@ -3,9 +3,13 @@
     python -m reprotrain.reproduce <run id>
     python -m reprotrain.reproduce <run id> --tracking-uri sqlite:////abs/mlflow.db
 
-The new run is recorded too (tag `reproduces` = the old run id). The recorded config is
-read without resolvers that reach outside it (`${oc.env:...}`): a config.yaml that uses one
-is refused unless you pass --allow-resolvers. With the same torch build, the same device
+The new run is recorded too (tag `reproduces` = the old run id). A recorded config is code
+that anyone who can write the run's artifacts can change: every `_target_` in it is listed
+before anything is built, and one that is not trusted (reprotrain.trust: named by conf/, this
+project's own code, a module listed in pyproject.toml, or torch's and reprotrain's modules,
+optimizers and schedulers) is refused unless you pass --trust. It is read without
+resolvers that reach outside it (`${oc.env:...}`): a config.yaml that uses one is refused
+unless you pass --allow-resolvers. With the same torch build, the same device
 (on the CPU: the same kernel set, tag device.cpu_capability) and train.deterministic=true, the
 losses match bit for bit; the exit code is 0 when they do and 1 when they do not (the first
 differing step is printed, with what differs between the two runs' machines and the fix).
@@ -21,13 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from reprotrain.data import file_md5
 from reprotrain.errors import DataError, TrackingError, UserError, report_and_exit
-from reprotrain.project import default_tracking_uri
+from reprotrain.project import default_tracking_uri, put_project_on_path
+from reprotrain.provenance import NOT_COMPUTED
 from reprotrain.runtime.local import run
 from reprotrain.schema import validate
+from reprotrain.trust import recorded_targets, refuse_untrusted
+
+# The fix for a recorded config.yaml that cannot be what reprotrain.train wrote.
+CHANGED = (
+    "it was changed after the run; reproduce another run, or re-run with "
+    "python -m reprotrain.train and the overrides of that run"
+)
 
 
 def recorded_config(client, run_id: str):
@@ -52,10 +65,50 @@ def recorded_config(client, run_id: str):
             raise DataError(
                 f"run {run_id}'s config.yaml artifact cannot be read "
                 f"({type(error).__name__}: {str(error).splitlines()[0][:160]})",
-                hint="it was changed after the run; reproduce another run, or re-run with "
-                "python -m reprotrain.train and the overrides of that run",
+                hint=CHANGED,
             ) from None
     return run, tree
+
+
+# The sections reproduce sets itself; validate() reports any other that is missing.
+SET_HERE = ("train", "tracking", "runtime")
+
+
+def check_sections(tree: Any, run_id: str) -> None:
+    """A recorded config is a mapping of sections, holding at least those set here."""
+    if not isinstance(tree, DictConfig):
+        raise DataError(
+            f"run {run_id}'s config.yaml artifact is a {type(tree).__name__}, not a mapping "
+            "of config sections",
+            hint=CHANGED,
+        )
+    missing = [name for name in SET_HERE if not isinstance(tree.get(name), DictConfig)]
+    if missing:
+        raise DataError(
+            f"run {run_id}'s config.yaml artifact has no {missing[0]!r} section (got "
+            f"{tree.get(missing[0])!r}); a recorded config has {', '.join(SET_HERE)} and the "
+            "_target_ sections",
+            hint=CHANGED,
+        )
+
+
+def show_targets(tree: DictConfig, run_id: str, trust: bool) -> None:
+    """Print every `_target_` the recorded config would import and call; refuse (one line)
+    one that is not trusted, unless `trust`. Nothing of the config is imported before."""
+    try:
+        plain = OmegaConf.to_container(tree, resolve=True)
+    except OmegaConfBaseException as error:
+        raise DataError(
+            f"run {run_id}'s config.yaml artifact cannot be resolved "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:160]})",
+            hint=CHANGED,
+        ) from None
+    targets = recorded_targets(plain)
+    print(f"reproduce: the recorded config builds {len(targets)} _target_s:", flush=True)
+    for target in targets:
+        print(target.line(), flush=True)
+    if not trust:
+        refuse_untrusted(targets)
 
 
 RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")  # ${oc.env:NAME}, ${any_resolver:...}
@@ -124,6 +177,26 @@ def machine_differences(recorded: dict[str, str], now: dict[str, str]) -> str:
     return text
 
 
+def data_difference(recorded: dict[str, str], now: dict[str, str], data: dict[str, Any]) -> str:
+    """What the data says about a mismatch, for data built in memory (no data.file, whose md5
+    is checked before the run): its content hashes (tag data.hash) differ, or it has none."""
+    if data.get("file"):
+        return ""
+    before, after = recorded.get("data.hash"), now.get("data.hash")
+    source = f"data._target_={data.get('_target_')}"
+    if NOT_COMPUTED in (before, after):
+        return (
+            f"the data ({source}) has no content hash to compare (a streamed dataset is not "
+            "read twice): data that changed since is the likely cause"
+        )
+    if before and after and before != after:
+        return (
+            f"the data differs ({source} built data with hash {after}, the run recorded "
+            f"{before}): what it reads changed since"
+        )
+    return ""
+
+
 def losses(client, run_id: str) -> list[float]:
     history = client.get_metric_history(run_id, "train/loss")
     return [m.value for m in sorted(history, key=lambda m: m.step)]
@@ -143,12 +216,21 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="resolve ${oc.env:...} and other resolvers in the recorded config (off: refused)",
     )
+    parser.add_argument(
+        "--trust",
+        action="store_true",
+        help="build every _target_ the recorded config names (off: only trusted ones; see "
+        "the list it prints)",
+    )
     args = parser.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
+    put_project_on_path()  # this project's own code and conf/, for the trust check and the build
     try:
         client = MlflowClient(uri)
         old, tree = recorded_config(client, args.run_id)
         outside_references(tree, args.allow_resolvers)
+        check_sections(tree, args.run_id)
+        show_targets(tree, args.run_id, args.trust)
         tree.tracking.uri = uri
         tree.tracking.run_name = f"reproduce-{args.run_id[:8]}"
         tree.train.output_dir = args.output_dir or f"outputs/reproduce/{args.run_id}"
@@ -188,7 +270,16 @@ def main(argv: list[str] | None = None) -> None:
         if first < min(len(before), len(after))
         else f"{len(before)} vs {len(after)} steps"
     )
-    why = machine_differences(old.data.tags, client.get_run(result["run_id"]).data.tags)
+    now_tags = client.get_run(result["run_id"]).data.tags
+    why = "; ".join(
+        filter(
+            None,
+            [
+                data_difference(old.data.tags, now_tags, config.data),
+                machine_differences(old.data.tags, now_tags),
+            ],
+        )
+    )
     if not why and not config.train.deterministic:
         why = "the run was recorded with train.deterministic=false, which promises no match"
     print(
