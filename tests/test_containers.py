@@ -177,12 +177,16 @@ def test_unknown_image_kind_fails_with_allowed_kinds():
 def test_digest_follows_dockerfile_lock_and_build_settings(tmp_path: Path, clean_build_env):
     (tmp_path / "Dockerfile.cpu").write_text("FROM scratch\n")
     (tmp_path / "requirements.lock").write_text("torch==2.13.0\n")
+    (tmp_path / "requirements-extra.lock").write_text("# none\n")
     first = image_inputs_digest(tmp_path, "cpu")
     assert len(first) == 12 and int(first, 16) >= 0
     assert image_inputs_digest(tmp_path, "cpu") == first
     (tmp_path / "requirements.lock").write_text("torch==2.13.1\n")
     second = image_inputs_digest(tmp_path, "cpu")
     assert second != first
+    (tmp_path / "requirements-extra.lock").write_text("inflection==0.5.1\n")
+    assert image_inputs_digest(tmp_path, "cpu") not in (first, second)
+    (tmp_path / "requirements-extra.lock").write_text("# none\n")
     clean_build_env.setenv("REPROTRAIN_BASE_IMAGE", "reprotrain-base:bookworm")
     third = image_inputs_digest(tmp_path, "cpu")
     clean_build_env.setenv("REPROTRAIN_BUILD_FLAGS", "--network host")
@@ -195,6 +199,7 @@ def test_digest_follows_dockerfile_lock_and_build_settings(tmp_path: Path, clean
 def test_malformed_build_args_fail_with_example(tmp_path: Path, clean_build_env):
     (tmp_path / "Dockerfile.cpu").write_text("FROM scratch\n")
     (tmp_path / "requirements.lock").write_text("")
+    (tmp_path / "requirements-extra.lock").write_text("")
     clean_build_env.setenv("REPROTRAIN_BUILD_ARGS", "TORCH_FIND_LINKS")
     with pytest.raises(RuntimeEnvError, match="not KEY=VALUE.*KEY=VALUE pairs"):
         image_inputs_digest(tmp_path, "cpu")
@@ -203,6 +208,15 @@ def test_malformed_build_args_fail_with_example(tmp_path: Path, clean_build_env)
 def test_missing_dockerfile_fails_naming_the_directory(tmp_path: Path):
     with pytest.raises(RuntimeEnvError, match=f"Dockerfile.cuda not found in {tmp_path}"):
         image_inputs_digest(tmp_path, "cuda")
+
+
+def test_missing_extra_lock_names_the_script_that_writes_it(tmp_path: Path):
+    for name in ("Dockerfile.cpu", "requirements.lock"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(RuntimeEnvError) as error:
+        image_inputs_digest(tmp_path, "cpu")
+    assert f"requirements-extra.lock not found in {tmp_path}" in str(error.value)
+    assert "scripts/lock-extra.sh" in error.value.hint
 
 
 # --- engine status -----------------------------------------------------------------------------
@@ -314,7 +328,7 @@ def test_image_layers_add_no_ca_bundle_or_secret(cpu_image: ImageRef):
 
 def copy_project(to: Path, dockerfile_cpu: str) -> Path:
     """The build context of the project, with another Dockerfile.cpu."""
-    for name in ("requirements.lock", "pyproject.toml", ".dockerignore"):
+    for name in ("requirements.lock", "requirements-extra.lock", "pyproject.toml", ".dockerignore"):
         shutil.copy(ROOT / name, to / name)
     for name in ("src", "conf"):
         shutil.copytree(ROOT / name, to / name)
@@ -369,6 +383,33 @@ def test_missing_base_image_points_to_the_local_base_script(docker_engine, tmp_p
     message = str(error.value)
     assert "FROM" in message and "BASE_IMAGE=reprotrain-no-such-base:missing" in message
     assert "scripts/build-base-image.sh" in message
+
+
+@pytest.mark.docker
+def test_extra_package_from_the_extra_lock_reaches_the_cpu_image(docker_engine, tmp_path: Path):
+    """scripts/lock-extra.sh writes the lock; the image installs it hash-checked, on top of the
+    layers the project's own image already built (one more layer, the build cache reused)."""
+    project = copy_project(tmp_path, (ROOT / "Dockerfile.cpu").read_text())
+    (project / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "lock-extra.sh", project / "scripts")
+    locked = subprocess.run(
+        ["scripts/lock-extra.sh", "einops==0.8.2"],
+        cwd=project,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert locked.returncode == 0, locked.stderr
+    lock = (project / "requirements-extra.lock").read_text()
+    assert "einops==0.8.2 \\\n    --hash=sha256:" in lock
+    image = ensure_image("cpu", project)
+    assert image.tag != f"reprotrain:cpu-{image_inputs_digest(ROOT, 'cpu')}"
+    script = (
+        "import einops, torch; x = einops.rearrange(torch.zeros(2, 3), 'a b -> b a'); "
+        "print(einops.__version__, *x.shape)"
+    )
+    assert run_in(image.tag, "python", "-c", script).split() == ["0.8.2", "3", "2"]
 
 
 # --- running containers ------------------------------------------------------------------------

@@ -198,7 +198,7 @@ def test_corrupt_prepared_data_is_a_clear_error_from_train(reproduced_copy: Path
 
 def test_dockerfile_or_lock_change_reruns_train(reproduced_copy: Path) -> None:
     repo = reproduced_copy
-    for name in ("Dockerfile.cpu", "requirements.lock"):
+    for name in ("Dockerfile.cpu", "requirements.lock", "requirements-extra.lock"):
         path = repo / name
         original = path.read_text()
         path.write_text(original + "# changed\n")

@@ -8,6 +8,8 @@ return the objective a sweeper optimises. `python -m reprotrain.train` runs `mai
     python -m reprotrain.train --multirun hydra/sweeper=optuna 'optimizer.lr=interval(1e-4,1e-1)'
     python -m reprotrain.train --cfg job                         # print the composed config
     python -m reprotrain.train --config-dir . --config-name params   # a composed params.yaml (DVC)
+    reprotrain-train --help                      # the same app by name (console script); bash
+    eval "$(reprotrain-train -sc install=bash)"  # completion of groups, options and keys
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from omegaconf import DictConfig
 from reprotrain import overrides, sweep
 from reprotrain.errors import ConfigError, UserError, report_and_exit
 from reprotrain.outputs import write_text
-from reprotrain.project import conf_digest, conf_folder, put_project_on_path
+from reprotrain.project import conf_digest, conf_folder, find_root, put_project_on_path
 from reprotrain.results import objective
 from reprotrain.runtime import launch
-from reprotrain.schema import Config, validate
+from reprotrain.schema import Config, as_dict, validate
 from reprotrain.stopping import Interrupted
 from reprotrain.tracking import redact
+from reprotrain.usercode import check_stage_code
 
 # Overrides that say where or how a job runs, not what it trains: left out of run names.
 NOT_IN_NAMES = ("tracking.", "runtime", "train.output_dir", "train.progress", "hydra")
@@ -45,6 +48,7 @@ def hydra_app(cfg: DictConfig) -> float | None:
         config = validate(cfg)
         if hydra_config.job.config_name != "config":  # a composed params file
             check_conf_digest(config)
+        check_stage_code(as_dict(config), config.code, find_root())  # in a DVC stage
         if config.train.output_dir is None:  # Hydra's run folder: each sweep job its own
             config.train.output_dir = hydra_config.runtime.output_dir
         varied = []

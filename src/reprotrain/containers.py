@@ -13,8 +13,9 @@ What the launcher does with it:
     exit_code = containers.run_container(cmd, kind="cpu")
 
 Images are tagged `reprotrain:{kind}-{digest}`; the digest covers what decides an image's
-contents (the Dockerfile, requirements.lock, build args and flags), not the project's code,
-which is mounted at run time. `reprotrain:{kind}` names the latest one.
+contents (the Dockerfile, requirements.lock, requirements-extra.lock with your own extra
+packages, build args and flags), not the project's code, which is mounted at run time.
+`reprotrain:{kind}` names the latest one.
 
 Environment variables for CI and offline machines (all part of the digest):
     REPROTRAIN_BASE_IMAGE   --build-arg BASE_IMAGE=..., e.g. reprotrain-base:bookworm
@@ -70,6 +71,11 @@ TORCH_HINT = (
     "point the build at a folder or server holding the wheel: "
     "REPROTRAIN_BUILD_ARGS='TORCH_FIND_LINKS=<URL with torch-*.whl> "
     "TORCH_INDEX_URL=https://pypi.org/simple' (README: Containers)"
+)
+EXTRA_LOCK = "requirements-extra.lock"  # your own packages (scripts/lock-extra.sh)
+EXTRA_HINT = (
+    "write requirements-extra.lock with scripts/lock-extra.sh <package>==<version> ... "
+    "(no package: scripts/lock-extra.sh alone); README: Containers"
 )
 LOCAL_BASE_HINT = (
     "without a registry, build a local base with scripts/build-base-image.sh "
@@ -165,15 +171,18 @@ def image_inputs_digest(
     build_args: dict[str, str] | None = None,
     extra_build_flags: list[str] | None = None,
 ) -> str:
-    """First 12 hex chars of sha256(Dockerfile, requirements.lock, build args, build flags)."""
+    """First 12 hex chars of sha256(Dockerfile, requirements.lock, requirements-extra.lock,
+    build args, build flags)."""
     _check_kind(kind)
     digest = hashlib.sha256()
-    for name in (f"Dockerfile.{kind}", "requirements.lock"):
+    for name in (f"Dockerfile.{kind}", "requirements.lock", EXTRA_LOCK):
         path = Path(project_root) / name
         if not path.is_file():
             raise RuntimeEnvError(
                 f"{name} not found in {project_root}",
-                hint="run from the reprotrain project root, where the Dockerfiles live",
+                hint=EXTRA_HINT
+                if name == EXTRA_LOCK
+                else "run from the reprotrain project root, where the Dockerfiles live",
             )
         digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     for key, value in sorted(_build_args(build_args).items()):
@@ -275,6 +284,8 @@ def _build(kind: str, root: Path, tag: str, args: dict[str, str], flags: list[st
         hint = LOCAL_BASE_HINT
     elif "torch-cpu.txt" in step:  # the torch wheel, from PyTorch's index by default
         hint = TORCH_HINT
+    elif EXTRA_LOCK in step:
+        hint = f"a package of {EXTRA_LOCK} did not install: {EXTRA_HINT}"
     raise RuntimeEnvError(
         f"docker build of {dockerfile} failed at step {step!r} (exit code {proc.returncode})",
         hint=hint,

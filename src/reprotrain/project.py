@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.schema import validate
+from reprotrain.usercode import check_copy_has_files
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/reprotrain/ -> the checkout
 
@@ -89,7 +90,8 @@ def _checked_conf_digest(*, _root_: DictConfig) -> str:
     tree = OmegaConf.to_container(_root_, resolve=False)
     tree.pop("conf_digest", None)
     tree.pop("hydra", None)
-    validate(tree)
+    config = validate(tree)
+    check_copy_has_files(tree, config.code, find_root())  # dvc exp run --queue, --temp
     return conf_digest()
 
 
@@ -102,17 +104,19 @@ def git_state(root: Path) -> tuple[str, str]:
     try:
         commit = _git(root, "rev-parse", "HEAD") or "none"
         # dvc.lock and the pipeline's outputs change during every `dvc repro` itself;
-        # "dirty" means the code or config differs from the commit.
+        # "dirty" means the code or config differs from the commit, a new file that git does
+        # not ignore included (your model's package, before `git add`: the commit lacks it).
         changed = _git(
             root,
             "status",
             "--porcelain",
-            "--untracked-files=no",
+            "--untracked-files=normal",
             "--",
             ".",
             ":!dvc.lock",
             ":!results",
             ":!data",
+            ":!*__pycache__*",  # Python's bytecode beside a new package
         )
         dirty = "true" if changed else "false"
     except (OSError, subprocess.SubprocessError):

@@ -13,6 +13,8 @@ from torch.utils.data import TensorDataset
 from reprotrain import __version__
 from reprotrain.build import Pieces, class_name, data_sizes
 from reprotrain.data import file_md5
+from reprotrain.data.splits import first_batch
+from reprotrain.data.structure import describe
 from reprotrain.project import find_root, git_state
 from reprotrain.schema import Config, as_dict
 
@@ -47,7 +49,7 @@ def built_tags(pieces: Pieces) -> dict[str, str]:
     """What was built, by class, and the data's sizes: the names a dashboard filters on."""
     sizes = data_sizes(pieces.splits)
     tags = {
-        "data.input_shape": "x".join(str(n) for n in sizes["input_shape"]) or "scalar",
+        "data.input_shape": input_shape_tag(pieces, sizes),
         "data.num_classes": str(sizes["num_classes"]),
         "data.train_samples": str(len(pieces.splits.train)),
         "data.val_samples": str(len(pieces.splits.val)),
@@ -59,6 +61,14 @@ def built_tags(pieces: Pieces) -> dict[str, str]:
     if pieces.scheduler is not None:
         tags["scheduler.class"] = class_name(pieces.scheduler)
     return tags
+
+
+def input_shape_tag(pieces: Pieces, sizes: dict) -> str:
+    """One sample's input shape (`64`, `1x8x8`), or the shapes of an item of another form
+    (`{input_ids: 12, attention_mask: 12, labels: a scalar}`)."""
+    if "input_shape" in sizes:
+        return "x".join(str(n) for n in sizes["input_shape"]) or "scalar"
+    return describe(first_batch(pieces.splits.train, 1, pieces.reading.collate_fn))
 
 
 def run_name(config: Config, pieces: Pieces, device: torch.device, varied: list[str]) -> str:
@@ -74,6 +84,9 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+NOT_COMPUTED = "not computed"  # data.hash of a streamed dataset (reproduce names it)
+
+
 def data_hash(config: Config, pieces: Pieces) -> str:
     """md5 of the prepared file (as in dvc.lock), or of in-memory tensors; else 'not computed'
     (a streamed dataset is not read twice to hash it: its config is recorded instead)."""
@@ -82,7 +95,7 @@ def data_hash(config: Config, pieces: Pieces) -> str:
     digest = hashlib.md5()
     for split in (pieces.splits.train, pieces.splits.val):
         if not isinstance(split, TensorDataset):
-            return "not computed"
+            return NOT_COMPUTED
         for tensor in split.tensors:
             digest.update(tensor.contiguous().numpy().tobytes())
     return digest.hexdigest()
