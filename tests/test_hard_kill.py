@@ -28,12 +28,13 @@ from conftest import (
     require_docker,
     start_training,
     train,
+    train_args,
     wait_for,
     wait_for_losses,
 )
 from reprotrain.containers import ensure_image
 from reprotrain.tracking.orphans import START_AGAIN, checkpoint_of, what_next
-from test_reliability import MlflowServer
+from test_reliability import OUTAGE_RUN, MlflowServer
 
 KILLABLE = [
     "train.steps=1500",
@@ -468,6 +469,66 @@ def test_damaged_spool_file(tmp_path: Path, store: Store, damage: str, expected:
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_spool_is_replayed_by_name_and_a_folder_is_one_line_naming_its_spools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reprotrain import replay
+
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    for name in ("b.jsonl", "a.jsonl"):
+        (folder / name).write_text("{}\n")
+    for given, said in [
+        (folder, f"{str(folder)!r} is a folder, not a spool file; spool files there: a.jsonl, "),
+        (tmp_path, "spool files there: none; fix: a spool is removed once everything in it"),
+        (tmp_path / "gone.jsonl", "does not exist; fix: a spool is removed once everything"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            replay.main([str(given)])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(lines) == 1 and said in lines[0], lines
+
+
+def test_a_run_killed_while_its_store_was_away_is_left_for_replay_then_marked_killed(
+    tmp_path: Path, store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kill -9 during an outage leaves a spool without the run's end: `runs --clean` (and the
+    next run's sweep) leave the run RUNNING and name the replay; the replay sends its points,
+    then marks it KILLED with the advice any orphan gets (here: no checkpoint, start again)."""
+    from reprotrain import replay, runs
+    from reprotrain.tracking import Spool, ensure_experiment, owner_tags, prepare_store, sweep
+
+    prepare_store(store.uri)
+    client = store.client
+    spool_folder = tmp_path / "results" / "spool"
+    tags = {
+        **owner_tags(),
+        "reprotrain.pid": str(dead_pid()),
+        "reprotrain.spool_dir": str(spool_folder),
+        "reprotrain.checkpoint_dir": str(tmp_path / "checkpoints"),
+    }
+    run_id = client.create_run(ensure_experiment(client, "reprotrain"), tags=tags).info.run_id
+    spool = Spool(spool_folder / f"{run_id}.jsonl", store.uri, run_id)
+    spool.append({"metrics": [["train/loss", 1.0 / s, 1_000 + s, s] for s in range(1, 51)]})
+
+    runs.main(["--clean", "--tracking-uri", store.uri])
+    listed = capsys.readouterr().out
+    assert f"left RUNNING; its record waits in {spool.path}: send it" in listed, listed
+    assert f"python -m reprotrain.replay {spool.path}" in listed and "0 marked KILLED" in listed
+    sweep(client, [client.get_run(run_id).info.experiment_id])  # as the next run opens
+    swept = capsys.readouterr().err
+    assert f"is RUNNING and its process {tags['reprotrain.pid']} on " in swept, swept
+    assert f"python -m reprotrain.replay {spool.path}" in swept
+    assert client.get_run(run_id).info.status == "RUNNING"
+
+    replay.main([str(spool.path)])
+    said = capsys.readouterr().out
+    assert "sent 50 metric points" in said and "marked KILLED; " + START_AGAIN in said, said
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and "is gone" in run.data.tags["reprotrain.ended_by"]
+    assert steps_recorded(store, run_id) == list(range(1, 51)) and not spool.path.exists()
+
+
 def test_resume_of_a_run_not_in_the_store_fails_before_training(tmp_path: Path) -> None:
     first = Store(tmp_path / "a")
     (tmp_path / "a").mkdir()
@@ -488,33 +549,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_password_in_the_tracking_uri_is_recorded_nowhere(tmp_path: Path) -> None:
-    """A password in tracking.uri reaches the server (it is sent as HTTP basic auth) and
-    no message, param, tag, artifact or output file."""
+def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path) -> None:
+    """A password in tracking.uri and one in MLFLOW_TRACKING_PASSWORD are sent to the server
+    and reach no printed line, param, tag or file (spool, logs, .hydra/, artifacts,
+    checkpoints, the store), on every path: a server that does not answer at the start, one
+    that goes away mid-run and is still away at the end, and the replay, which takes the
+    password from the environment (the spool keeps `***`, mode 0600)."""
     folder = tmp_path / "server"
     folder.mkdir()
     server = MlflowServer(folder)
     server.start()
+    in_uri, in_env = "planted-s3cr3t-0b7e", "planted-env-pw-5c1d"
+    with_password = child_env(MLFLOW_TRACKING_USERNAME="ci", MLFLOW_TRACKING_PASSWORD=in_env)
+    uri = server.uri.replace("http://", f"http://ci:{in_uri}@")
     try:
-        planted = "planted-s3cr3t-0b7e"
-        uri = server.uri.replace("http://", f"http://ci:{planted}@")
-        result = train(tmp_path, Store(folder), "experiment=smoke", f"tracking.uri={uri}")
-        bad = train(tmp_path, Store(folder), "experiment=smoke",
-                    f"tracking.uri=http://ci:{planted}@127.0.0.1:{free_port()}", check=False)  # fmt: skip
+        nowhere = f"tracking.uri=http://ci:{in_uri}@127.0.0.1:{free_port()}"
+        bad = train(tmp_path, Store(folder), "experiment=smoke", nowhere, check=False,
+                    env=with_password)  # fmt: skip
+        proc = subprocess.Popen(
+            train_args(tmp_path, uri, "train.steps=3000", *OUTAGE_RUN),
+            cwd=tmp_path,
+            env=with_password,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for_losses(server.store, 100, proc)
+        server.cut()  # away until the run has ended: its record waits in the spool
+        _, away = proc.communicate(timeout=600)
+        spooled = list((tmp_path / "results" / "spool").glob("*.jsonl"))
+        spool_mode, spool_text = spooled[0].stat().st_mode & 0o777, spooled[0].read_text()
+        refused = module(tmp_path, "replay", str(spooled[0]))  # no password here
+        server.restore()
+        replayed = subprocess.run(
+            [PYTHON, "-m", "reprotrain.replay", str(spooled[0])],
+            cwd=tmp_path,
+            env=with_password,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         server.stop()
-    assert bad.returncode != 0 and "ci:***@" in bad.stderr
-    for text in (result.stdout, result.stderr, bad.stdout, bad.stderr):
-        assert planted not in text
-    leaks = [
-        str(path)
-        for root in (folder, tmp_path / "results", tmp_path / "outputs")
-        for path in root.rglob("*")
-        if path.is_file() and planted.encode() in path.read_bytes()
-    ]
-    assert leaks == []
+    assert bad.returncode == 2 and "ci:***@" in bad.stderr
+    assert proc.returncode == 0 and "python -m reprotrain.replay" in away, away[-3000:]
+    assert spool_mode == 0o600 and '"uri": "http://ci:***@127.0.0.1:' in spool_text
+    assert refused.returncode == 2 and "MLFLOW_TRACKING_PASSWORD" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "http://ci:***@" in refused.stderr
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
     run = Store(folder).only_run()
-    assert run.data.params["tracking.uri"].startswith("http://ci:***@")
+    assert run.info.status == "FINISHED" and run.data.params["tracking.uri"].startswith(
+        "http://ci:***@"
+    )
+    printed = [bad.stdout, bad.stderr, away, refused.stdout, refused.stderr]
+    printed += [replayed.stdout, replayed.stderr, spool_text]  # the spool is gone once sent
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert any(p.suffix == ".pt" for p in files) and any(p.parent.name == ".hydra" for p in files)
+    for planted in (in_uri, in_env):
+        assert not [text for text in printed if planted in text]
+        assert [str(path) for path in files if planted.encode() in path.read_bytes()] == []
 
 
 def test_reproduce_does_not_resolve_what_reaches_outside_the_config(

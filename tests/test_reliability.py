@@ -90,6 +90,28 @@ def test_bad_checkpoint_is_a_clear_error(tmp_path: Path, store: Store) -> None:
         assert "RUNNING" not in store.statuses()
 
 
+def test_resume_without_its_checkpoint_gives_only_advice_that_can_work(tmp_path: Path) -> None:
+    """A run id whose checkpoint is not in train.checkpoint_dir: the ids there, if any; where
+    there are none, not "give one of those", but where else to look or to start again."""
+    from reprotrain.checkpoint import find_checkpoint
+    from reprotrain.errors import ConfigError
+
+    for resume in ("0123abcd", "last"):
+        with pytest.raises(ConfigError) as empty:
+            find_checkpoint(tmp_path / "checkpoints", resume)
+        advice = empty.value.one_line()
+        assert "one of those" not in advice and "give the run id" not in advice, advice
+        assert "set train.checkpoint_dir to the folder that holds" in advice, advice
+        assert "start it again without train.resume" in advice, advice
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "feed42.pt").write_bytes(b"")
+    with pytest.raises(ConfigError) as other:
+        find_checkpoint(tmp_path / "checkpoints", "0123abcd")
+    assert "checkpoints in train.checkpoint_dir: feed42; fix: give one of those run ids" in str(
+        other.value
+    )
+
+
 def test_eight_parallel_runs_on_a_fresh_store(tmp_path: Path) -> None:
     store = Store(tmp_path)  # does not exist yet: the runs race to create it
     procs = [
@@ -353,7 +375,15 @@ def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer)
     assert [m.name for m in models if m.source_run_id == run.info.run_id] == ["model"]
 
 
-def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: MlflowServer) -> None:
+def test_server_still_away_at_the_end_then_replay(
+    tmp_path: Path, server: MlflowServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run ends with its record in the spool. It is not an orphan to kill: `runs --clean`
+    leaves it RUNNING and names the replay. The replay sends the rest, ends the run FINISHED,
+    removes what a sweep marked on it (here: an earlier reprotrain's sweep, which ended such
+    runs KILLED) and the MLflow Model entry a failed attempt left PENDING."""
+    from reprotrain import runs
+
     steps = 3000
     proc = start_training(
         tmp_path,
@@ -375,6 +405,14 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
     spooled = list((tmp_path / "results" / "spool").glob("*.jsonl"))
     assert len(spooled) == 1
     server.restore()
+    runs.main(["--clean", "--tracking-uri", server.uri])
+    assert f"left RUNNING; its record waits in {spooled[0]}" in capsys.readouterr().out
+    client, run_id = server.store.client, server.store.only_run().info.run_id
+    assert client.get_run(run_id).info.status == "RUNNING"
+    client.set_tag(run_id, "reprotrain.ended_by", "reprotrain: its process 1 on h is gone")
+    client.set_terminated(run_id, "KILLED")
+    experiment_id = client.get_run(run_id).info.experiment_id
+    client.create_logged_model(experiment_id, source_run_id=run_id, name="model")  # PENDING
     replay = subprocess.run(
         [PYTHON, "-m", "reprotrain.replay", str(spooled[0])],
         cwd=tmp_path,
@@ -385,10 +423,11 @@ def test_server_still_away_at_the_end_then_replay(tmp_path: Path, server: Mlflow
     )
     assert replay.returncode == 0, replay.stderr[-2000:]
     run = server.store.only_run()
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and "reprotrain.ended_by" not in run.data.tags
     assert [step for step, _ in server.store.losses(run.info.run_id)] == list(range(1, steps + 1))
     from mlflow.tracking import MlflowClient
 
     artifacts = {a.path for a in MlflowClient(server.uri).list_artifacts(run.info.run_id)}
     assert {"model.pt", "loss.svg", "config.yaml", "loss.csv"} <= artifacts
     assert not spooled[0].exists()
+    assert client.search_logged_models([experiment_id]) == []

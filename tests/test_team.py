@@ -1,20 +1,34 @@
 """A team's tracking server, for real: `mlflow server` on a PostgreSQL backend store (a
 throwaway cluster from Debian's postgresql package) with artifacts in S3-compatible storage
 (moto in server mode, checking access keys), proxied so clients need no S3 keys. Runs from
-this machine and from the CPU container are read back from a second process."""
+this machine and from the CPU container are read back from a second process. The database
+and the server are restarted under runs that go on training."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, Store, child_env, make_project, require_docker, run_app
-from teamserver import PASSWORD, S3, Postgres, TeamServer, require_team_parts
+from conftest import PYTHON, Store, child_env, make_project, require_docker, run_app, train_args
+from teamserver import (
+    PASSWORD,
+    S3,
+    Postgres,
+    TeamServer,
+    free_port,
+    mlflow_server,
+    require_team_parts,
+    stop_group,
+)
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +173,155 @@ def test_a_team_store_that_cannot_be_used_is_one_line_before_any_step(
     assert "Traceback" not in done.stderr and "step 1" not in done.stderr
     assert PASSWORD not in done.stderr.replace("not-" + PASSWORD, "")
     assert "not-" + PASSWORD not in done.stderr
+
+
+# Long enough to outlast every restart (the test stops it); points sent every 0.2 s; steps
+# of a larger batch, so that a restart's spool holds a few thousand points, not tens.
+CHAOS_RUN = (
+    "experiment=smoke",
+    "train.steps=10000000",
+    "train.batch_size=256",
+    "train.log_every=10",
+    "tracking.flush_every_s=0.2",
+    "train.progress=off",
+)
+
+
+def holding_a_connection(postgres: Postgres) -> contextlib.closing:
+    """Another client of the database, connected until the block ends."""
+    import psycopg
+
+    return contextlib.closing(psycopg.connect(postgres.uri()))
+
+
+class Restartable:
+    """`mlflow server` over the team's database, artifacts in a folder: stopped and started
+    again on the same port."""
+
+    def __init__(self, folder: Path, postgres: Postgres) -> None:
+        self.folder, self.backend = folder, postgres.uri()
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        artifacts = ("--artifacts-destination", str(self.folder / "artifacts"))
+        self.proc = mlflow_server(self.port, self.backend, *artifacts, cwd=self.folder)
+
+    def stop(self) -> None:
+        stop_group(self.proc)
+
+
+def fast_shutdown(postgres: Postgres, _server: Restartable) -> None:
+    """`pg_ctl stop -m fast` with a client holding a connection; started again 2 s later."""
+    with holding_a_connection(postgres):
+        postgres.shut_down("fast")
+        time.sleep(2)
+    postgres.start_again()
+
+
+def smart_shutdown(postgres: Postgres, _server: Restartable) -> None:
+    """`pg_ctl stop -m smart` with a client holding a connection: for 3 s, every new
+    connection is refused ("the database system is shutting down"); the runs' own sessions
+    would keep it waiting for ever, so it ends as an administrator ends it, fast."""
+    with holding_a_connection(postgres):
+        postgres.shut_down("smart", wait=False)
+        time.sleep(3)
+    postgres.shut_down("fast")
+    postgres.start_again()
+
+
+def server_restart(_postgres: Postgres, server: Restartable) -> None:
+    server.stop()
+    server.start()  # once /health answers
+
+
+def losses(reader, run_id: str) -> list[int]:
+    return sorted(m.step for m in reader.get_metric_history(run_id, "train/loss"))
+
+
+def wait_for_points(reader, procs: dict, run_ids: dict, beyond: dict) -> dict[str, int]:
+    """Until each run has 30 more losses in the store than `beyond` says (so the store takes
+    points again after an outage); the counts then."""
+    counts = dict(beyond)
+    deadline = time.monotonic() + 300
+    for name, run_id in run_ids.items():
+        while counts[name] < beyond[name] + 30:
+            assert procs[name].poll() is None, f"the {name} run ended"
+            assert time.monotonic() < deadline, f"the {name} run's points stopped coming"
+            time.sleep(0.2)
+            counts[name] = len(losses(reader, run_id))
+    return counts
+
+
+def find_run(reader, experiment: str, proc: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the {experiment} run ended"
+        found = reader.get_experiment_by_name(experiment)
+        runs = reader.search_runs([found.experiment_id]) if found else []
+        if runs:
+            return runs[0].info.run_id
+        time.sleep(0.2)
+    raise AssertionError(f"no run in {experiment}")
+
+
+def test_database_and_server_restarts_mid_run_lose_nothing(
+    tmp_path: Path, team: tuple[Postgres, S3, TeamServer]
+) -> None:
+    """Two runs train, one straight on PostgreSQL, one through an mlflow server over it,
+    while PostgreSQL is stopped fast, then smart (each with a client holding a connection)
+    and started again, and the server is restarted. Both go on training; each outage is one
+    line when it begins and one when it ends, with none of MLflow's tracebacks; once stopped,
+    each run holds every step's loss exactly once."""
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    postgres = team[0]
+    server = Restartable(tmp_path, postgres)
+    folders = {"direct": tmp_path / "direct", "served": tmp_path / "served"}
+    uris = {"direct": postgres.uri(), "served": server.uri}
+    procs = {}
+    try:
+        for name, folder in folders.items():
+            if name == "served":
+                server.start()  # while the direct run starts
+            folder.mkdir()
+            args = train_args(folder, uris[name], f"tracking.experiment=chaos-{name}", *CHAOS_RUN)
+            procs[name] = subprocess.Popen(
+                ["nice", "-n", "10", *args],  # the restarts get the CPUs first
+                cwd=folder,
+                env=child_env(),
+                stderr=(folder / "stderr.txt").open("w"),
+                start_new_session=True,
+            )
+        reader = MlflowClient(postgres.uri())  # MLflow's rows of both runs, read here
+        run_ids = {name: find_run(reader, f"chaos-{name}", procs[name]) for name in procs}
+        counts = wait_for_points(reader, procs, run_ids, dict.fromkeys(procs, 0))
+        for outage in (fast_shutdown, smart_shutdown, server_restart):
+            outage(postgres, server)
+            counts = wait_for_points(reader, procs, run_ids, counts)
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)  # stopped: a checkpoint says at which step
+        codes = {name: proc.wait(timeout=120) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        server.stop()
+    for name, folder in folders.items():
+        stderr = (folder / "stderr.txt").read_text()
+        assert codes[name] == 143, stderr[-3000:]
+        run_id = run_ids[name]
+        assert reader.get_run(run_id).info.status == "KILLED"
+        checkpoint = folder / "outputs" / "checkpoints" / f"{run_id}.pt"
+        stopped_at = torch.load(checkpoint, weights_only=True)["trainer"]["step"]
+        assert losses(reader, run_id) == list(range(1, stopped_at + 1)), name  # once each
+        began = stderr.count("cannot take the run's record now")
+        assert began == stderr.count("answers again") >= 1, stderr[-3000:]
+        assert "Traceback" not in stderr and " ERROR " not in stderr, stderr[-3000:]
+        assert not list((folder / "results" / "spool").glob("*.jsonl"))
 
 
 @pytest.mark.docker

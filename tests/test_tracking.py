@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -172,18 +173,88 @@ def test_experiment_is_marked_as_model_training(store: Store) -> None:
     assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
 
 
-def test_spooled_points_and_status_are_sent_in_order(store: Store, tmp_path: Path) -> None:
+def test_spooled_points_and_status_are_sent_in_order_each_once(
+    store: Store, tmp_path: Path
+) -> None:
+    """Sent oldest first, in batches of 1000, skipping a point the store already holds (a write
+    whose reply an outage cut off); the file is the owner's alone and names its store without
+    the password."""
+    from mlflow.entities import Metric
+
     client = store.client
     run_id = client.create_run(ensure_experiment(client, "spool")).info.run_id
-    spool = Spool(tmp_path / "spool" / f"{run_id}.jsonl", store.uri, run_id)
+    client.log_batch(run_id, metrics=[Metric("train/loss", 1.0 / 7, 1_007, 7)])
+    team_store = "postgresql://team:pw-4411@db.example:5432/mlflow"
+    spool = Spool(tmp_path / "spool" / f"{run_id}.jsonl", team_store, run_id)
     spool.append({"metrics": [["train/loss", 1.0 / s, 1_000 + s, s] for s in range(1, 1501)]})
     spool.append({"metrics": [["train/loss", 0.5, 3_000, 1501]]})
     spool.append({"status": "FINISHED", "error": ""})
-    assert Spool.open(spool.path).send(client) == 1501
+    assert spool.path.stat().st_mode & 0o777 == 0o600
+    text = spool.path.read_text()
+    assert "pw-4411" not in text and "postgresql://team:***@db.example" in text
+    assert Spool.open(spool.path).send(client) == 1500
     assert not spool.path.exists()
     history = _history(store, run_id, "train/loss")
     assert history == [(s, 1.0 / s) for s in range(1, 1501)] + [(1501, 0.5)]
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_store_failures_are_told_from_refusals_and_mlflows_reports_of_them_quieted(
+    store: Store,
+) -> None:
+    """A server that does not answer is a failure (spooled); a write to a deleted run is a
+    refusal (raised). MLflow's log records of a failure are dropped; the password in any
+    record is replaced."""
+    import io
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    from reprotrain.tracking.credentials import RedactSecrets
+    from reprotrain.tracking.failures import QuietStoreFailures, failure_reason, is_store_failure
+
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    away = MlflowClient(f"http://ci:pw-0b7e@127.0.0.1:{closed_port()}")
+    with pytest.raises(Exception) as unreachable:
+        away.get_experiment_by_name("x")
+    client = store.client
+    run_id = client.create_run(ensure_experiment(client, "refusals")).info.run_id
+    client.delete_run(run_id)
+    with pytest.raises(Exception) as refused:
+        client.set_tag(run_id, "a", "b")
+    assert is_store_failure(unreachable.value) and not is_store_failure(refused.value)
+    assert "ci:***@127.0.0.1" in failure_reason(unreachable.value)
+    assert "pw-0b7e" not in failure_reason(unreachable.value)
+
+    printed = io.StringIO()
+    handler = logging.StreamHandler(printed)
+    handler.addFilter(QuietStoreFailures())
+    handler.addFilter(RedactSecrets())
+    mlflows, users = logging.getLogger("mlflow.reprotrain_test"), logging.getLogger("user_code")
+    for logger in (mlflows, users):
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        for error in (unreachable.value, refused.value):
+            mlflows.error("a write failed", exc_info=error)
+        mlflows.warning("Failed to log system metrics: %s", unreachable.value)
+        mlflows.warning("a run at http://ci:pw-0b7e@host:5000 said hello")
+        users.error("my callback could not reach its server", exc_info=unreachable.value)
+    finally:
+        for logger in (mlflows, users):
+            logger.removeHandler(handler)
+            logger.propagate = True
+    text = printed.getvalue()
+    assert text.count("a write failed") == 1 and "must be in the 'active' state" in text
+    assert "Failed to log system metrics" not in text  # the failures: MLflow's reports dropped
+    assert "my callback could not reach its server" in text  # a user's own record is kept
+    assert "http://ci:***@host:5000 said hello" in text and "pw-0b7e" not in text
 
 
 def test_no_run_records_nothing(tmp_path: Path) -> None:

@@ -31,6 +31,11 @@ from reprotrain.outputs import write_atomic
 from reprotrain.schema import Config, as_dict
 
 FORMAT = 4  # 4: the Trainer's state_dict under "trainer", nothing of tracking
+# What can work when the checkpoint asked for is not there: it is elsewhere, or there is none.
+NO_CHECKPOINT_HINT = (
+    "set train.checkpoint_dir to the folder that holds the run's <run id>.pt, or, if it has "
+    "none (deleted, or killed before its first one), start it again without train.resume"
+)
 
 
 def checkpoint_path(folder: str | Path, run_id: str) -> Path:
@@ -71,17 +76,19 @@ def find_checkpoint(checkpoint_dir: str | Path, resume: str) -> Path:
         )
         if not found:
             raise ConfigError(
-                f"train.resume=last but {str(folder)!r} holds no checkpoint",
-                hint="run without train.resume first, or give the run id to resume",
+                f"train.resume=last but train.checkpoint_dir={str(folder)!r} holds no checkpoint",
+                hint=NO_CHECKPOINT_HINT,
             )
         return found[-1]
     path = folder / f"{resume}.pt"
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.pt")) if folder.is_dir() else []
         raise ConfigError(
-            f"train.resume={resume!r}: no checkpoint {str(path)!r}; "
-            f"checkpoints here: {', '.join(known) or 'none'}",
-            hint="give one of those run ids, or train.resume=last",
+            f"train.resume={resume!r}: no checkpoint {str(path)!r}; checkpoints in "
+            f"train.checkpoint_dir: {', '.join(known) or 'none'}",
+            hint="give one of those run ids, or train.resume=last; " + NO_CHECKPOINT_HINT
+            if known
+            else NO_CHECKPOINT_HINT,
         )
     return path
 

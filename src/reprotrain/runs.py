@@ -2,13 +2,15 @@
 
     python -m reprotrain.runs                 # RUNNING runs, and whether their owner is alive
     python -m reprotrain.runs --clean         # end the orphans KILLED; print how to resume each
+                                              # (one whose record waits in a spool: to replay it)
     python -m reprotrain.runs --clean --tracking-uri http://host:5000 --experiment reprotrain
 
 A run whose training process was killed outright (kill -9, the OOM killer, a power cut, a
 container killed) cannot end its own MLflow run, which stays RUNNING. Every training run
-does this check for its own experiment when it opens; this command does it for every experiment of the store. A run is
-ended only when its owner is provably gone (reprotrain.tracking.orphans): a live run, or one
-on another machine, is listed and left alone.
+does this check for its own experiment when it opens; this command does it for every
+experiment of the store. A run is ended only when its owner is provably gone
+(reprotrain.tracking.orphans): a live run, or one on another machine, is listed and left
+alone, and one whose record waits in its spool file is left for `python -m reprotrain.replay`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from reprotrain.errors import TrackingError, UserError, report_and_exit
 from reprotrain.project import default_tracking_uri
 from reprotrain.tracking import check_store, end_orphans, redact
-from reprotrain.tracking.orphans import gone_because
+from reprotrain.tracking.orphans import Orphan, orphan_of
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,16 +53,21 @@ def main(argv: list[str] | None = None) -> None:
     for run in running:
         orphan = ended.get(run.info.run_id)
         if orphan is not None:
-            print(
-                f"{run.info.run_id}  {run.info.run_name}: {orphan.why}; marked KILLED; "
-                f"{orphan.what_next()}"
-            )
+            print(f"{run.info.run_id}  {run.info.run_name}: {orphan.why}; {orphan.outcome()}")
             continue
-        why = gone_because(run.data.tags)
-        state = f"orphaned ({why}); end it with --clean" if why else "its owner is alive or unknown"
-        print(f"{run.info.run_id}  {run.info.run_name}: RUNNING, {state}")
-    action = f", {len(ended)} marked KILLED" if args.clean else ""
+        print(f"{run.info.run_id}  {run.info.run_name}: RUNNING, {state(orphan_of(run))}")
+    killed = sum(orphan.spool is None for orphan in ended.values())
+    action = f", {killed} marked KILLED" if args.clean else ""
     print(f"runs: {len(running)} RUNNING in {redact(uri)}{action}")
+
+
+def state(orphan: Orphan | None) -> str:
+    """A RUNNING run's state as a listing says it."""
+    if orphan is None:
+        return "its owner is alive or unknown"
+    if orphan.spool is not None:
+        return f"orphaned ({orphan.why}); {orphan.what_next()}"
+    return f"orphaned ({orphan.why}); end it with --clean"
 
 
 def experiments(client: MlflowClient, name: str | None, uri: str) -> list[str]:

@@ -4,14 +4,19 @@ recorder.py     the interface the Trainer records through (Recorder), NoRun,
                 end_status / describe_error (how a run's end maps to its MLflow status)
 mlflow_run.py   TrackedRun: this process's active MLflow run; points sent off the loop,
                 system metrics, dataset inputs
+points.py       PointSender: the loop appends metric points, a thread sends them
 mlflow_model.py the run's MLflow Model (mlflow.pytorch.log_model), with its code
 datasets.py     the training and validation data as MLflow datasets (mlflow.log_input)
-store.py        check_store, prepare_store, ensure_experiment, run_status, redact
-spool.py        what a store that is away, locked or gone did not take, kept to send later
+store.py        check_store, prepare_store, ensure_experiment, run_status
+failures.py     what counts as the store failing (vs refusing a record); MLflow's noise about it
+credentials.py  redact (no password in any line or file), the password back for a replay
+spool.py        what a failing store did not take, kept to send later
 orphans.py      who owns a run (host, PID, container); runs left RUNNING by a gone process
 """
 
+from reprotrain.tracking.credentials import redact
 from reprotrain.tracking.datasets import as_mlflow_datasets
+from reprotrain.tracking.failures import is_store_failure
 from reprotrain.tracking.mlflow_model import log_pytorch_model
 from reprotrain.tracking.mlflow_run import RUN_ID_ENV, RunSpec, TrackedRun
 from reprotrain.tracking.orphans import Orphan, end_orphans, owner_tags, sweep
@@ -31,7 +36,6 @@ from reprotrain.tracking.store import (
     check_store,
     ensure_experiment,
     prepare_store,
-    redact,
     run_status,
     where_to_look,
 )
@@ -55,6 +59,7 @@ __all__ = [
     "end_orphans",
     "end_status",
     "ensure_experiment",
+    "is_store_failure",
     "is_unreachable",
     "log_pytorch_model",
     "owner_tags",

@@ -10,8 +10,8 @@ training: code of the user's own (model, data, loss, a callback) can call `mlflo
     # FINISHED on success, FAILED on an exception (an `error` tag says why), KILLED on Ctrl-C/SIGTERM
 
 A synchronous `log_metric` costs milliseconds on sqlite, so the loop only appends points;
-the `mlflow-points` thread sends them with `MlflowClient.log_batch` (at most 1000 a call)
-every `tracking.flush_every_s`, and `flush()` / the run's end send the rest. MLflow's own
+the `mlflow-points` thread (points.py) sends them with `MlflowClient.log_batch` (at most 1000
+a call) every `tracking.flush_every_s`, and `flush()` / the run's end send the rest. MLflow's own
 asynchronous logging (`log_batch(..., synchronous=False)`) was the other candidate: it
 reports a failed batch only when its queue is flushed, so which points a store that went
 away took could not be known, and the spool (spool.py) could not keep each point exactly
@@ -25,8 +25,8 @@ import contextlib
 import logging
 import os
 import sys
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -37,24 +37,32 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from reprotrain.errors import TrackingError
+from reprotrain.tracking.credentials import hide_run_links, redact
+from reprotrain.tracking.failures import failure_reason, is_store_failure, quiet_mlflow_logs
 from reprotrain.tracking.mlflow_model import log_pytorch_model, logged_model_of
 from reprotrain.tracking.orphans import (
     CHECKPOINT_TAG,
+    SPOOL_TAG,
     checkpoint_file,
+    clear_sweep_marks,
     owner_tags,
     sweep,
     what_next,
 )
+from reprotrain.tracking.points import PointSender
 from reprotrain.tracking.recorder import MAX_BATCH, Point, describe_error, end_status
-from reprotrain.tracking.spool import Spool, is_unreachable, quiet_store_errors, unavailable_reason
-from reprotrain.tracking.store import ensure_experiment, prepare_store, redact, where_to_look
+from reprotrain.tracking.spool import Spool
+from reprotrain.tracking.store import ensure_experiment, prepare_store, where_to_look
 
 RUN_ID_ENV = "REPROTRAIN_RUN_ID"  # a launcher that created the run hands it to the container
 MAX_PARAMS = 100  # MLflow's limit of params per log_batch call
 MAX_TEXT = 5000  # MLflow's limit of a tag value's length
 MAX_PARAM_TEXT = 6000  # MLflow's limit of a param value's length
 OPEN_WAIT_S = 60.0  # how long opening the run waits for a locked or restarting store
-RETRY_AFTER_S = 10.0  # after a failed write, records go straight to the spool this long
+# After a failed write, records go straight to the spool for twice as long as it took, within
+# these bounds: a refused connection is tried again in a second, a sqlite store locked past
+# its 20 s busy timeout (or a server that timed out) is left alone for 30 s.
+RETRY_MIN_S, RETRY_MAX_S = 1.0, 30.0
 MODEL_ERROR_TAG = "reprotrain.model_error"  # why the run has no MLflow Model
 
 
@@ -74,9 +82,11 @@ class RunSpec:
 class TrackedRun:
     """One MLflow run, this process's active run, whose end status matches how it ended.
 
-    With `spool_dir`, what the store does not take while it is away (a server that does not
-    answer, a sqlite store locked past its busy timeout, deleted or full) goes to a spool
-    file (spool.py) and is sent first once it answers again: training never stops for it.
+    With `spool_dir`, what the store does not take while it fails (failures.py: a server or
+    database that is away or restarting, a sqlite store locked past its busy timeout, deleted
+    or full) goes to a spool file (spool.py) and is sent first once it answers again: training
+    never stops for it. Each outage is one line on stderr when it begins and one when it ends;
+    MLflow's own reports of it are kept off the terminal.
 
     A resumed run first reads which (key, step) points the store has and sends only the
     others: the steps a killed try sent after its last checkpoint are not sent twice.
@@ -95,8 +105,7 @@ class TrackedRun:
             # MLflow retries a dead server for minutes per call; fail fast and spool instead.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        if redact(uri) != uri:  # MLflow prints run links with the URI as given: not this one
-            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+        hide_run_links(uri)  # MLflow prints run links with the URI as given
         self.uri, self.spec, self.spool_dir = uri, spec, spool_dir
         self.system_metrics = system_metrics
         self.client: Any = None  # made by open(): MlflowClient opens (and may create) the store
@@ -105,6 +114,8 @@ class TrackedRun:
         self.present: set[tuple[str, int]] = set()  # (key, step) the store has (resumed runs)
         self.points = PointSender(self._send, flush_every_s)
         self._retry_at = 0.0  # after a failure, the store is tried again from then (_resting)
+        self._outage = False  # the store failed and has not answered since (one line each way)
+        self._model_failed = False  # a failed MLflow Model may have left an unfinished entry
         self._previous_uri: str | None = None
 
     def __enter__(self) -> TrackedRun:
@@ -113,31 +124,34 @@ class TrackedRun:
 
     def open(self) -> None:
         """Open (or continue) the run, make it MLflow's active run, start sending points."""
-        quiet_store_errors()
+        quiet_mlflow_logs()
         # The system-metrics monitor says at INFO that it starts and stops: not worth a line.
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        # The fluent API (the user's own calls) uses this store until the run ends.
+        self._previous_uri = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
         deadline = time.monotonic() + OPEN_WAIT_S
         while True:  # a store locked by another process, or restarting, gets a while
             try:
                 prepare_store(self.uri)  # a fresh sqlite store's schema, made by one process
                 self.client = self.client or MlflowClient(self.uri)
                 self._open_once()
+                mlflow.set_tracking_uri(self.uri)
+                mlflow.start_run(run_id=self.run_id, log_system_metrics=self.system_metrics)
                 break
             except Exception as error:
-                if not is_unreachable(error):
+                failed = is_store_failure(error)
+                if not failed or time.monotonic() > deadline:
+                    mlflow.set_tracking_uri(self._previous_uri)  # as it was: no run is open
+                if not failed:
                     raise
                 if time.monotonic() > deadline:
                     raise TrackingError(
                         f"tracking store {redact(self.uri)} could not be opened within "
-                        f"{OPEN_WAIT_S:g}s ({unavailable_reason(error)})",
+                        f"{OPEN_WAIT_S:g}s ({failure_reason(error)})",
                         hint="stop what holds it locked or start the server, or run with "
                         "tracking.enabled=false",
                     ) from None
                 time.sleep(1.0)
-        # The fluent API (the user's own calls) uses this store until the run ends.
-        self._previous_uri = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
-        mlflow.set_tracking_uri(self.uri)
-        mlflow.start_run(run_id=self.run_id, log_system_metrics=self.system_metrics)
         # Runs of this experiment left RUNNING by a process that is gone end KILLED now.
         sweep(self.client, [self.experiment_id], exclude=self.run_id)
         self.points.start()
@@ -159,13 +173,17 @@ class TrackedRun:
                 self.present = recorded_steps(client, run)
                 if "error" in run.data.tags:  # the stopped try's reason
                     client.delete_tag(run_id, "error")
+                clear_sweep_marks(client, run)  # it was found gone: this try goes on with it
                 params = {}  # logged when it started; MLflow params cannot change
         if self.spool_dir is not None:
             self.spool = Spool(self.spool_dir / f"{run_id}.jsonl", self.uri, run_id)
-        # Where its checkpoint goes, so that `reprotrain.runs --clean` can tell a run killed
-        # before its first checkpoint to start again rather than to resume.
+        # Where its checkpoint and spool go, so that `reprotrain.runs --clean` can tell a run
+        # killed before its first checkpoint to start again rather than to resume, and leave
+        # a run whose record waits in its spool to `replay`.
         folder = spec.checkpoint_dir
         where = {CHECKPOINT_TAG: str(folder)} if folder else {}
+        if self.spool_dir is not None:
+            where[SPOOL_TAG] = str(self.spool_dir.resolve())
         tags = [
             RunTag(k, redact(str(v))[:MAX_TEXT])
             for k, v in {**owner_tags(), **where, **spec.tags}.items()
@@ -188,27 +206,25 @@ class TrackedRun:
         self.points.flush()
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value)[:MAX_TEXT])
+        texts = {key: redact(str(value))[:MAX_TEXT] for key, value in tags.items()}
+        tagged = [RunTag(key, value) for key, value in texts.items()]
+        self._write(lambda: self.client.log_batch(self.run_id, tags=tagged), {"tags": texts})
 
     def log_inputs(self, datasets: list[tuple[Any, str]]) -> None:
         """Record each (MLflow Dataset, context) as an input of the run: the Datasets box."""
         for dataset, context in datasets:
+            began = time.monotonic()
             try:
                 mlflow.log_input(dataset, context=context)
             except Exception as error:
-                if self.spool is None or not is_unreachable(error):
+                if self.spool is None or not is_store_failure(error):
                     raise
-                self.spool.warn_once(error)  # a dataset's record is a convenience: not spooled
+                # A dataset's record is a convenience: said, not spooled.
+                self._store_failed(error, time.monotonic() - began)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        if self._resting():
-            self.spool.append({"artifact": str(Path(path).resolve())})  # type: ignore[union-attr]
-            return
-        try:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
-        except Exception as error:
-            self._keep_for_later(error, {"artifact": str(Path(path).resolve())})
+        record = {"artifact": str(Path(path).resolve())}
+        self._write(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path), record)
 
     def log_model(self, model: Any, input_example: Any, registered_name: str | None = None) -> Any:
         """Log `model` as the run's MLflow Model under `model` (mlflow_model.py), registered as
@@ -222,7 +238,8 @@ class TrackedRun:
                 return None  # a try killed in its final phase logged it: once per run
             return log_pytorch_model(model, input_example, registered_name)
         except Exception as error:
-            unreachable = is_unreachable(error)
+            self._model_failed = True  # its unfinished entry is removed when the run ends
+            unreachable = is_store_failure(error)
             reason = redact(describe_error(error).splitlines()[0][:300])
             print(
                 f"reprotrain: warning: the MLflow Model of run {self.run_id} was not logged: "
@@ -256,16 +273,39 @@ class TrackedRun:
         # one log_batch call of more would leave part stored and all of it spooled.
         for i in range(0, len(points), MAX_BATCH):
             chunk = points[i : i + MAX_BATCH]
-            record = {"metrics": [list(point) for point in chunk]}
-            if self._resting():
-                self.spool.append(record)  # type: ignore[union-attr]
-                continue
-            try:
-                if self.spool is not None and self.spool.pending():
-                    self.spool.send(self.client)  # what waited goes first: the order is kept
-                self.client.log_batch(self.run_id, metrics=[Metric(*point) for point in chunk])
-            except Exception as error:
-                self._keep_for_later(error, record)
+            metrics = [Metric(*point) for point in chunk]
+            self._write(
+                lambda metrics=metrics: self.client.log_batch(self.run_id, metrics=metrics),
+                {"metrics": [list(point) for point in chunk]},
+            )
+
+    def _write(self, write: Callable[[], Any], record: dict[str, Any]) -> None:
+        """Call `write` (one write to the store) after what the spool holds, or spool `record`
+        instead: while the store is left alone after a failure, or when it fails now."""
+        if self._resting():
+            self.spool.append(record)  # type: ignore[union-attr]
+            return
+        began = time.monotonic()
+        try:
+            self._send_spooled()  # what waited goes first: the order is kept
+            write()
+        except Exception as error:
+            self._keep_for_later(error, record, time.monotonic() - began)
+
+    def _send_spooled(self) -> None:
+        """Send what the spool holds, if anything; an outage that was said is over."""
+        points = 0
+        if self.spool is not None and self.spool.pending():
+            # A status in it is an earlier try's (a resumed run): this process ends the run.
+            points = self.spool.send(self.client, with_status=False)
+        if self._outage:
+            self._outage = False
+            print(
+                f"reprotrain: tracking store {redact(self.uri)} answers again; the record kept "
+                f"meanwhile ({points} metric points) is sent",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _resting(self) -> bool:
         """True while the store is left alone after a failure: a locked sqlite store makes
@@ -273,13 +313,27 @@ class TrackedRun:
         tried again. Records go straight to the spool until then."""
         return self.spool is not None and time.monotonic() < self._retry_at
 
-    def _keep_for_later(self, error: Exception, record: dict[str, Any]) -> None:
-        """Spool the record if the store is unavailable; anything else is a real error."""
-        if self.spool is None or not is_unreachable(error):
+    def _keep_for_later(self, error: Exception, record: dict[str, Any], took_s: float) -> None:
+        """Spool the record if the store failed; a record it refused is a real error."""
+        if self.spool is None or not is_store_failure(error):
             raise error
         self.spool.append(record)
-        self.spool.warn_once(error)
-        self._retry_at = time.monotonic() + RETRY_AFTER_S
+        self._store_failed(error, took_s)
+
+    def _store_failed(self, error: BaseException, took_s: float) -> None:
+        """Leave the store alone a while; the first failure of an outage is said, once."""
+        rest = min(RETRY_MAX_S, max(RETRY_MIN_S, 2 * took_s))
+        self._retry_at = time.monotonic() + rest
+        if self._outage or self.spool is None:
+            return
+        self._outage = True
+        print(
+            f"reprotrain: warning: tracking store {redact(self.uri)} cannot take the run's "
+            f"record now ({failure_reason(error)}); training goes on, the record is kept in "
+            f"{self.spool.path} and sent when the store answers",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __exit__(
         self,
@@ -287,7 +341,7 @@ class TrackedRun:
         error: BaseException | None,
         _tb: TracebackType | None,
     ) -> None:
-        message = describe_error(error)[:MAX_TEXT] if error is not None else ""
+        message = redact(describe_error(error))[:MAX_TEXT] if error is not None else ""
         self.close(end_status(error), message)
 
     def close(self, status: str, message: str = "") -> None:
@@ -299,13 +353,14 @@ class TrackedRun:
 
     def _end(self, status: str, message: str) -> None:
         try:
-            if self.spool is not None and self.spool.pending():
-                self.spool.send(self.client)
+            self._send_spooled()
+            if self._model_failed:  # a PENDING or FAILED entry the failure left: not a model
+                logged_model_of(self.client, self.run_id)
             if message:
                 self.client.set_tag(self.run_id, "error", message)
             mlflow.end_run(status)  # also stops MLflow's system-metrics monitor
         except Exception as failure:
-            self._keep_for_later(failure, {"status": status, "error": message})
+            self._keep_for_later(failure, {"status": status, "error": message}, 0.0)
         finally:
             if mlflow.active_run() is not None:  # end_run was not reached: take the run off
                 with contextlib.suppress(Exception):  # MLflow's stack; the spool has its end
@@ -328,62 +383,6 @@ class TrackedRun:
                 file=sys.stderr,
                 flush=True,
             )
-
-
-class PointSender:
-    """Metric points: `add` appends (all the loop pays); the `mlflow-points` thread hands what
-    is there to `send` every `every_s` seconds, and `flush` does it now, in order. A sending
-    error that is not spooled is raised by the next `flush` or `close`. `busy_s` is the time
-    spent sending (time/tracking_s)."""
-
-    def __init__(self, send: Any, every_s: float) -> None:
-        self.send, self.every_s = send, every_s
-        self.points: list[Point] = []
-        self.busy_s = 0.0
-        self._taking = threading.Lock()  # the list's swap against appends
-        self._sending = threading.Lock()  # one send at a time: points stay in order
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mlflow-points", daemon=True)
-        self._error: BaseException | None = None
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def add(self, key: str, value: float, step: int) -> None:
-        point = (key, float(value), int(time.time() * 1000), int(step))
-        with self._taking:
-            self.points.append(point)
-
-    def flush(self) -> None:
-        self._send_now()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def close(self) -> None:
-        self._stopped.set()
-        if self._thread.ident is not None:
-            self._thread.join()
-        self.flush()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.every_s):
-            try:
-                self._send_now()
-            except BaseException as error:  # raised in the training thread by flush()
-                self._error = error
-                return
-
-    def _send_now(self) -> None:
-        with self._sending:
-            with self._taking:
-                points, self.points = self.points, []
-            if points:
-                began = time.perf_counter()
-                try:
-                    self.send(points)
-                finally:
-                    self.busy_s += time.perf_counter() - began
 
 
 def recorded_steps(client: Any, run: Any) -> set[tuple[str, int]]:

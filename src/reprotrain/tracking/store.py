@@ -4,7 +4,6 @@
     prepare_store(uri)                       # a fresh sqlite DB's schema, created once
     experiment_id = ensure_experiment(client, "reprotrain")
     run_status(uri, run_id)                  # "RUNNING", "FINISHED", ...; None if not there
-    redact("http://user:secret@host")        # "http://user:***@host": for every message
 
 `check_store` opens the store as the run will, through MLflow's public client: what MLflow
 refuses (a scheme it has no store for, missing credentials, a file that is no MLflow store)
@@ -17,7 +16,6 @@ import base64
 import fcntl
 import json
 import logging
-import re
 import tempfile
 import threading
 import urllib.error
@@ -31,19 +29,12 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from reprotrain.errors import TrackingError
+from reprotrain.tracking.credentials import redact
 
 # MLflow 3's UI picks an experiment's view from this tag; without it an experiment can open
 # in the GenAI view (traces), with training runs listed under "Evaluation runs".
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-
-
-CREDENTIALS = re.compile(r"(?<=://)([^/@:\s]*):([^/@\s]*)@")
-
-
-def redact(text: str) -> str:
-    """Replace the password in any `scheme://user:password@host` inside `text`."""
-    return CREDENTIALS.sub(r"\1:***@", text)
 
 
 UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
