@@ -213,9 +213,9 @@ def test_what_is_trusted_in_a_config_from_elsewhere(
         "my_project.models.Net": "this project's code",
         "somelib.Net": "named in conf/",
         "vouched.anything": "a listed module",
-        "torch.optim.SGD": "a torch class",
+        "torch.optim.Adagrad": "a torch class",  # one no conf/ names
         "torch.nn.functional.cross_entropy": "a torch function",
-        "reprotrain.data.synthetic": "a reprotrain function",
+        "reprotrain.data.builtin.split": "a reprotrain function",  # one no conf/ names
         "mlruns.abc.artifacts.evil.run": None,  # a folder in the project is not its code
         "numpy.load": None,
         "torch.hub.load": None,  # runs a folder's hubconf.py
