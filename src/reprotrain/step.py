@@ -77,7 +77,7 @@ def train_step(
     mean loss, still on the device. `mark` stamps the timing boundaries."""
     knobs = knobs or Knobs()
     k = len(batches)
-    total = torch.zeros(())
+    total: torch.Tensor | None = None  # the micro-batches' losses, summed on the device
     for i, batch in enumerate(batches):
         with _gradient_sync(model, last=i == k - 1):
             try:
@@ -91,7 +91,7 @@ def train_step(
                 optimizer.zero_grad(set_to_none=True)  # 3. zero_grad
             knobs.backward(loss / k if k > 1 else loss)  # 4. backward
             mark("backward")
-        total = loss.detach() if i == 0 else total + loss.detach()
+        total = loss.detach() if total is None else total + loss.detach()
     knobs.step(optimizer)  # 5. step
     mark("optimizer")
     return total / k if k > 1 else total  # still on the device: no sync here
