@@ -21,7 +21,7 @@ from conftest import BIN, ROOT, Store, child_env, train, wait_for_losses
 from reprotrain.containers import gpu_count
 from reprotrain.errors import RuntimeEnvError
 from reprotrain.runtime.container import processes
-from reprotrain.runtime.distributed import Group, Member, lost_rank
+from reprotrain.distributed import Group, Member, lost_rank
 from reprotrain.schema import validate
 from reprotrain.tracking import prepare_store
 

@@ -27,32 +27,33 @@ from hydra.utils import get_object, instantiate
 from torch import nn
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
-from reprotrain.callbacks import EarlyStopping
+from reprotrain.callbacks import Callback
 from reprotrain.data import Splits, as_splits, read_npz
 from reprotrain.data.batches import Reading
 from reprotrain.data.splits import first_batch, input_sample
 from reprotrain.data.structure import describe, move_to
 from reprotrain.devices import available_memory
 from reprotrain.errors import ConfigError, DeviceError
-from reprotrain.metrics import build_metrics, higher_is_better
+from reprotrain.metrics import Metric, build_metrics
 from reprotrain.schema import Config, drop_auto_fused, target_kwargs
-from reprotrain.tasks import Classification, check_task, logits_of
+from reprotrain.step import LossFn, Scheduler
+from reprotrain.tasks import Classification, Task, check_task, logits_of
 
 
 @dataclass
 class Pieces:
-    """What a run trains: built once, then placed on the device by the loop's caller."""
+    """What a run trains, built from its config; the Run hands them to a Trainer."""
 
     splits: Splits
     model: nn.Module
     model_config: dict[str, Any]  # the model's _target_ config with the data sizes filled in
-    loss_fn: Any
+    loss_fn: LossFn
     optimizer: torch.optim.Optimizer
-    scheduler: Any  # torch.optim.lr_scheduler.LRScheduler | None
+    scheduler: Scheduler | None
     scheduler_interval: str  # "step", "epoch", or "validation" (stepped with scheduler.monitor)
-    task: Any = field(default_factory=Classification)  # tasks.Task
-    metrics: dict[str, Any] = field(default_factory=dict)  # name -> torchmetrics Metric
-    callbacks: dict[str, Any] = field(default_factory=dict)  # name -> callback object
+    task: Task = field(default_factory=Classification)
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    callbacks: dict[str, Callback] = field(default_factory=dict)
     reading: Reading = field(default_factory=Reading)  # data.shuffle, data.collate_fn
     monitor: str | None = None  # scheduler.monitor: the figure a ReduceLROnPlateau steps with
 
@@ -77,23 +78,15 @@ def build(config: Config, device: torch.device, splits: Splits | None = None) ->
     return pieces
 
 
-def build_task(node: dict[str, Any]) -> Any:
+def build_task(node: dict[str, Any]) -> Task:
     return check_task(_instantiate("task", node), node["_target_"])
 
 
-def build_callbacks(config: Config) -> dict[str, Any]:
-    """The `callbacks` config's objects, and train.early_stopping's EarlyStopping."""
-    built = {
+def build_callbacks(config: Config) -> dict[str, Callback]:
+    """The `callbacks` config's objects (train.early_stopping's is the Trainer's own)."""
+    return {
         name: _instantiate(f"callbacks.{name}", node) for name, node in config.callbacks.items()
     }
-    stopping = config.train.early_stopping
-    if stopping is not None:
-        metric = config.metrics.get(config.train.objective.removeprefix("val/"))
-        higher = higher_is_better(get_object(metric["_target_"])) if metric else False
-        built["early_stopping"] = EarlyStopping(
-            config.train.objective, stopping.patience, stopping.min_delta, higher
-        )
-    return built
 
 
 def build_reading(data: dict[str, Any]) -> Reading:
@@ -216,7 +209,7 @@ def _memory_bound(target: str, device: torch.device | None) -> Iterator[None]:
         handle.remove()
 
 
-def build_loss(node: dict[str, Any]) -> Any:
+def build_loss(node: dict[str, Any]) -> LossFn:
     loss_fn = _instantiate("loss", node)
     if not callable(loss_fn):
         raise ConfigError(
@@ -252,7 +245,7 @@ def build_optimizer(
 
 def build_scheduler(
     node: dict[str, Any] | None, optimizer: torch.optim.Optimizer
-) -> tuple[Any, str]:
+) -> tuple[Scheduler | None, str]:
     if node is None:
         return None, "step"
     make = _instantiate("scheduler", node)

@@ -28,7 +28,8 @@ from torch import nn
 from reprotrain.data.structure import map_tensors, tensors
 from reprotrain.errors import ConfigError
 from reprotrain.schema import TrainConfig
-from reprotrain.step import Knobs, train_step
+from reprotrain.step import Knobs, LossFn, train_step
+from reprotrain.tasks import Task
 
 CAPTURE_AFTER = 3  # eager steps before the capture: kernels chosen, allocator warm
 
@@ -103,13 +104,17 @@ StepFunction = Callable[[tuple[Any, ...], Callable[[str], None]], torch.Tensor]
 
 
 def step_function(
-    train: TrainConfig, device: torch.device, model: nn.Module, pieces: Any, knobs: Knobs
+    train: TrainConfig,
+    device: torch.device,
+    model: nn.Module,
+    task: Task,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    knobs: Knobs,
 ) -> StepFunction:
-    """`step(batches, mark) -> loss`: train_step as the options ask for it (`pieces`: the
-    task, loss and optimizer). Also sets torch's TF32 switch as train.tf32 says (a
-    process-wide setting)."""
+    """`step(batches, mark) -> loss`: train_step as the options ask for it. Also sets torch's
+    TF32 switch as train.tf32 says (a process-wide setting)."""
     set_tf32(train.tf32)
-    task, loss_fn, optimizer = pieces.task, pieces.loss_fn, pieces.optimizer
     if train.cuda_graphs:
         return CudaGraphStep(model, task, loss_fn, optimizer, knobs)
     forward = compiled(model) if train.compile else model
@@ -133,8 +138,8 @@ class CudaGraphStep:
     def __init__(
         self,
         model: nn.Module,
-        task: Any,
-        loss_fn: nn.Module,
+        task: Task,
+        loss_fn: LossFn,
         optimizer: torch.optim.Optimizer,
         knobs: Knobs,
     ) -> None:

@@ -15,7 +15,7 @@ use. `val/loss` is always measured; it is not a metric here.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from hydra.utils import get_object
@@ -25,6 +25,15 @@ from reprotrain.schema import check_target
 
 # What the loop calls on a metric (torchmetrics' Metric has them all).
 METHODS = ("update", "compute", "reset")
+
+
+class Metric(Protocol):
+    """A validation metric as the loop uses it (torchmetrics' Metric is one): updated with
+    each batch's (predictions, targets), computed once per validation, then reset."""
+
+    def update(self, predictions: torch.Tensor, targets: torch.Tensor) -> None: ...
+    def compute(self) -> Any: ...
+    def reset(self) -> None: ...
 
 
 def with_class_count(node: dict[str, Any], num_classes: int | None) -> dict[str, Any]:

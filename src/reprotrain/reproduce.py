@@ -32,7 +32,7 @@ from reprotrain.data import file_md5
 from reprotrain.errors import DataError, TrackingError, UserError, report_and_exit
 from reprotrain.project import default_tracking_uri, put_project_on_path
 from reprotrain.provenance import NOT_COMPUTED
-from reprotrain.runtime.local import run
+from reprotrain.run import Run
 from reprotrain.schema import validate
 from reprotrain.trust import recorded_targets, refuse_untrusted
 
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"used (md5 {now or 'missing'}, recorded {recorded})",
                     hint="check out the data of that run's commit: git checkout <commit> && dvc checkout",
                 )
-        result = run(config)
+        result = Run(config).execute()
     except UserError as error:
         report_and_exit(error)
     before, after = losses(client, args.run_id), losses(client, result["run_id"])

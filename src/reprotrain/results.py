@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ from reprotrain.devices import DeviceInfo
 from reprotrain.outputs import write_json, write_loss_csv, write_loss_plot, write_model, write_text
 from reprotrain.provenance import count_parameters
 from reprotrain.schema import Config, as_dict
-from reprotrain.tasks import logits_of
-from reprotrain.timing import PHASES, process_age_s, training_flops_per_sample
-from reprotrain.tracking import redact
+from reprotrain.tasks import Task, logits_of
+from reprotrain.timing import PHASES, training_flops_per_sample
+from reprotrain.tracking import NoRun, TrackedRun, redact
 from reprotrain.trainer import Fitted, Trainer
 
 MODEL_FORMAT = 3  # 3: with the task, the metrics and the collate function (2: without)
@@ -46,71 +46,112 @@ HEADLINE = (
 )
 
 
-@dataclass
-class Job:
-    """One training job as the runtime builds it up: its config and device, where its outputs
-    go, and, once built, its pieces and what the run records about them."""
+class RunOutputs:
+    """The end of a run: what `Run.finish` writes and records after the last step."""
 
-    config: Config
-    device: torch.device
-    out_dir: Path
-    runtime: str = "local"
-    varied: list[str] = field(default_factory=list)  # what a sweep job varies (its run name)
-    tracking_uri: str | None = None  # None: nothing recorded (tracking off, or not rank 0)
-    pieces: Pieces = None  # type: ignore[assignment]  # set once built
-    info: DeviceInfo = None  # type: ignore[assignment]
-    example: Any = None  # a batch of two training items (on the CPU): the MLflow Model's example
-    startup_s: float = float("nan")
+    def __init__(
+        self,
+        config: Config,
+        pieces: Pieces,
+        out_dir: Path,
+        recorder: TrackedRun | NoRun,
+        device: torch.device,
+        info: DeviceInfo,
+        tracking_uri: str | None,
+    ) -> None:
+        self.config, self.pieces, self.out_dir, self.recorder = config, pieces, out_dir, recorder
+        self.device, self.info, self.tracking_uri = device, info, tracking_uri
 
+    def write(
+        self,
+        trainer: Trainer,
+        fitted: Fitted,
+        example: Any,
+        startup_s: float,
+        elapsed_s: Callable[[], float],
+    ) -> dict[str, Any]:
+        """The MLflow Model, the outputs and the summary figures; returns run.json's figures."""
+        began = time.perf_counter()
+        config, model, recorder = self.config, self.pieces.model, self.recorder
+        if config.tracking.log_model:
+            inputs = model_example(self.pieces.task, example)
+            recorder.log_model(model, inputs, registered_name=config.tracking.register_as)
+        if trainer.stopped_early is not None:
+            recorder.set_tags({"reprotrain.stopped_early": trainer.stopped_early})
+        timings = fitted.timings
+        result: dict[str, Any] = {
+            "steps": len(fitted.steps),
+            "batch_size": config.train.batch_size,
+            "final_loss": fitted.losses[-1],
+            # val/loss and val/<metric> of the final validation (with train.keep_best, the best)
+            **{f"val_{k.removeprefix('val/')}": v for k, v in fitted.validation.items()},
+            "best_step": trainer.best.step if config.train.keep_best else None,
+            "stopped_early": trainer.stopped_early,
+            "samples_per_s": timings["samples_per_s"],
+            "step_ms_median": timings["step_ms_median"],
+            "startup_s": startup_s,
+            "train_flops_per_s": timings["samples_per_s"] * self.example_flops(example),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "nonfinite_steps": fitted.nonfinite_steps,
+            "tracking_s": recorder.tracking_s,
+            "checkpoint_s": timings["checkpoint_s"],
+            "model_class": class_name(model),
+            "parameters": count_parameters(model),
+            **{f"{phase}_ms_mean": timings[f"{phase}_ms_mean"] for phase in PHASES},
+        }
+        if self.device.type == "cuda":
+            result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self.write_files(fitted)
+        result["outputs_s"] = time.perf_counter() - began
+        result["total_s"] = elapsed_s()
+        recorder.log_metrics(summary_metrics(result), step=len(fitted.steps))
+        result.update(
+            run_id=recorder.run_id,
+            tracking_uri=redact(self.tracking_uri) if self.tracking_uri else None,
+            device=self.info.type,
+            device_name=self.info.name,
+        )
+        # NaN is not JSON: a figure that could not be measured is written as null.
+        written = {k: _json_value(v) for k, v in result.items()}
+        write_json(self.out_dir / "run.json", written)
+        write_json(self.out_dir / "metrics.json", headline(written))  # last
+        return result
 
-def finish(job: Job, trainer: Trainer, fitted: Fitted, recorder: Any) -> dict[str, Any]:
-    """After the last step: the MLflow Model, validation, the outputs and the summary figures."""
-    began = time.perf_counter()
-    config, model = job.config, job.pieces.model
-    task = job.pieces.task
-    if config.tracking.log_model:
-        example = model_example(task, job.example)
-        recorder.log_model(model, example, registered_name=config.tracking.register_as)
-    if trainer.stopped_early is not None:
-        recorder.set_tags({"reprotrain.stopped_early": trainer.stopped_early})
-    timings = fitted.timings
-    result: dict[str, Any] = {
-        "steps": len(fitted.steps),
-        "batch_size": config.train.batch_size,
-        "final_loss": fitted.losses[-1],
-        # val/loss and val/<metric> of the final validation (with train.keep_best, the best)
-        **{f"val_{k.removeprefix('val/')}": v for k, v in fitted.validation.items()},
-        "best_step": trainer.best.step if config.train.keep_best else None,
-        "stopped_early": trainer.stopped_early,
-        "samples_per_s": timings["samples_per_s"],
-        "step_ms_median": timings["step_ms_median"],
-        "startup_s": job.startup_s,
-        "train_flops_per_s": timings["samples_per_s"] * example_flops(job),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "nonfinite_steps": fitted.nonfinite_steps,
-        "tracking_s": getattr(recorder, "tracking_s", 0.0),
-        "checkpoint_s": timings["checkpoint_s"],
-        "model_class": class_name(model),
-        "parameters": count_parameters(model),
-        **{f"{phase}_ms_mean": timings[f"{phase}_ms_mean"] for phase in PHASES},
-    }
-    if job.device.type == "cuda":
-        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(job.device) / 2**20
-    write_outputs(job, fitted, recorder)
-    result["outputs_s"] = time.perf_counter() - began
-    result["total_s"] = process_age_s()
-    recorder.log_metrics(summary_metrics(result), step=len(fitted.steps))
-    result.update(
-        run_id=recorder.run_id,
-        tracking_uri=redact(job.tracking_uri) if job.tracking_uri else None,
-        device=job.info.type,
-        device_name=job.info.name,
-    )
-    # NaN is not JSON: a figure that could not be measured is written as null.
-    written = {k: _json_value(v) for k, v in result.items()}
-    write_json(job.out_dir / "run.json", written)
-    write_json(job.out_dir / "metrics.json", headline(written))  # last
-    return result
+    def example_flops(self, example: Any) -> float:
+        """Training FLOPs per sample on the example batch (NaN where they cannot be counted)."""
+        task, model = self.pieces.task, self.pieces.model
+        batch = move_to(example, self.device)
+        with task.evaluating():
+            return training_flops_per_sample(
+                model, lambda: logits_of(task.forward(model, batch)), batch_size(batch)
+            )
+
+    def write_files(self, fitted: Fitted) -> None:
+        config, pieces, out_dir = self.config, self.pieces, self.out_dir
+        tree = as_dict(config)
+        if tree["tracking"]["uri"]:
+            tree["tracking"]["uri"] = redact(tree["tracking"]["uri"])  # an artifact: no password
+        title = (
+            f"{self.info.name} · {type(pieces.model).__name__} · {type(pieces.optimizer).__name__}"
+        )
+        saved = {
+            "format": MODEL_FORMAT,
+            "model": pieces.model_config,
+            "loss": tree["loss"],
+            "num_classes": pieces.splits.num_classes,
+            "task": tree["task"],
+            "metrics": tree["metrics"],
+            "collate_fn": tree["data"].get("collate_fn"),
+            "batch_size": config.train.batch_size,
+        }
+        files = [
+            write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(tree))),
+            write_loss_plot(out_dir / "loss.svg", fitted.steps, fitted.losses, title),
+            write_model(out_dir / "model.pt", pieces.model, saved),
+            write_loss_csv(out_dir / "loss.csv", fitted.steps, fitted.losses),
+        ]
+        for path in files:
+            self.recorder.log_artifact(path)
 
 
 def summary_metrics(result: dict[str, Any]) -> dict[str, float]:
@@ -156,7 +197,7 @@ def objective(result: dict[str, Any], name: str) -> float:
     return float("nan") if value is None else float(value)
 
 
-def model_example(task: Any, batch: Any) -> Any:
+def model_example(task: Task, batch: Any) -> Any:
     """The model's inputs in the example batch, as MLflow takes an input example: one array,
     or a dict of arrays (None where the model takes several positional inputs)."""
     args, kwargs = task.model_inputs(batch)
@@ -165,42 +206,6 @@ def model_example(task: Any, batch: Any) -> Any:
     if len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs:
         return args[0].numpy()
     return None
-
-
-def example_flops(job: Job) -> float:
-    """Training FLOPs per sample on the example batch (NaN where they cannot be counted)."""
-    task, model = job.pieces.task, job.pieces.model
-    batch = move_to(job.example, job.device)
-    with task.evaluating():
-        return training_flops_per_sample(
-            model, lambda: logits_of(task.forward(model, batch)), batch_size(batch)
-        )
-
-
-def write_outputs(job: Job, fitted: Fitted, recorder: Any) -> None:
-    config, pieces, out_dir = job.config, job.pieces, job.out_dir
-    tree = as_dict(config)
-    if tree["tracking"]["uri"]:
-        tree["tracking"]["uri"] = redact(tree["tracking"]["uri"])  # an artifact: no password
-    title = f"{job.info.name} · {type(pieces.model).__name__} · {type(pieces.optimizer).__name__}"
-    saved = {
-        "format": MODEL_FORMAT,
-        "model": pieces.model_config,
-        "loss": tree["loss"],
-        "num_classes": pieces.splits.num_classes,
-        "task": tree["task"],
-        "metrics": tree["metrics"],
-        "collate_fn": tree["data"].get("collate_fn"),
-        "batch_size": config.train.batch_size,
-    }
-    files = [
-        write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(tree))),
-        write_loss_plot(out_dir / "loss.svg", fitted.steps, fitted.losses, title),
-        write_model(out_dir / "model.pt", pieces.model, saved),
-        write_loss_csv(out_dir / "loss.csv", fitted.steps, fitted.losses),
-    ]
-    for path in files:
-        recorder.log_artifact(path)
 
 
 def _json_value(value: Any) -> Any:

@@ -15,7 +15,7 @@ it (`.item()`, `.cpu()`) waits for the GPU, so the loop reads losses in batches 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,14 @@ from torch import nn
 
 from reprotrain.data.structure import move_to, tensors
 from reprotrain.errors import DeviceError
+from reprotrain.metrics import Metric
+from reprotrain.tasks import Task
+
+# A loss: `loss_fn(predictions, targets) -> scalar tensor` (an nn.Module such as
+# nn.CrossEntropyLoss, or a function).
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# A learning-rate scheduler (ReduceLROnPlateau is one too, stepped with a validation figure).
+Scheduler = torch.optim.lr_scheduler.LRScheduler
 
 
 def _no_mark(_phase: str) -> None:
@@ -65,8 +73,8 @@ class Knobs:
 def train_step(
     model: nn.Module,
     batches: Sequence[Any],
-    task: Any,
-    loss_fn: Any,
+    task: Task,
+    loss_fn: LossFn,
     optimizer: torch.optim.Optimizer,
     knobs: Knobs | None = None,
     mark: Callable[[str], None] = _no_mark,
@@ -122,10 +130,10 @@ def _explain_device_mismatch(error: RuntimeError, model: nn.Module, batch: Any) 
 def evaluate(
     model: nn.Module,
     batches: Iterable[Any],
-    task: Any,
-    loss_fn: Any,
+    task: Task,
+    loss_fn: LossFn,
     device: torch.device,
-    metrics: dict[str, Any] | None = None,
+    metrics: Mapping[str, Metric] | None = None,
 ) -> torch.Tensor:
     """`[loss x count summed, count]` over a split's batches (eval mode, no grad, on the
     device: the caller reads it, after reducing it over ranks), each metric updated with the

@@ -154,6 +154,9 @@ class Task:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    def to(self, device: torch.device) -> None:
+        """Move the kept state (if any) to the device, after a resume."""
+
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[None]:
         """Validation starts from a fresh state and leaves the training state as it was."""

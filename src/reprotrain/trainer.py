@@ -1,20 +1,26 @@
-"""The Trainer: the lesson's training loop as one small class.
+"""The Trainer: the lesson's training loop as one small class, on plain torch objects.
 
-    trainer = Trainer(model, pieces, batches, device, cfg.train)
-    trainer.load_state_dict(checkpoint["trainer"])    # a resumed run (optional)
-    fitted = trainer.fit(total, recorder=run, save=write_checkpoint, stop=GracefulStop())
-    # run: tracking.TrackedRun or NoRun; write_checkpoint(trainer) saves trainer.state_dict()
-    val_loss, val_accuracy = trainer.validate()
+    trainer = Trainer(model, torch.optim.AdamW(model.parameters()), train_ds, val_data=val_ds,
+                      device="auto", batch_size=64, val_every=50)
+    trainer.fit(steps=500)                  # or epochs=3; continues from trainer.step
+    trainer.validate()                      # {"val/loss": ..., "val/<metric>": ...}
+    state = trainer.state_dict()            # what resuming needs; load_state_dict(state)
 
 `train_step(batch)` is one step as the course writes it: move the batch to the device (inside
 the loop), then forward, loss, zero_grad, backward, step (step.train_step, or its compiled /
 CUDA-graph form: fastpaths.py), then the scheduler. `fit()` runs steps and hangs the rest off
-them through small calls: losses stay on the device and are read every `train.log_every`
-steps (one sync per window, not one per step), handed to the recorder, checkpointed by
-`save(trainer)` on the cadence, and a Ctrl-C / SIGTERM stops at the next step boundary.
-`state_dict()` holds exactly what resuming needs and nothing of tracking: the recorder is
-flushed before every checkpoint, so what the run still owed the store is in the store (or
-its spool), never in the checkpoint.
+them through small calls: losses stay on the device and are read every `log_every` steps (one
+sync per window, not one per step), handed to the recorder, checkpointed by `save(trainer)`
+on the cadence, and a Ctrl-C / SIGTERM (a `GracefulStop` the caller installed) stops at the
+next step boundary. `state_dict()` holds exactly what resuming needs and nothing of tracking:
+the recorder is flushed before every checkpoint, so what the run still owed the store is in
+the store (or its spool), never in the checkpoint.
+
+The keyword arguments beyond the pieces are the `train` config section's keys (conf/train/,
+their defaults there): `batch_size`, `seed`, `log_every`, `val_every`, `clip_grad_norm`,
+`accumulate_grad_batches`, `early_stopping`, `keep_best`, `precision`, ... The Trainer changes
+nothing process-wide (threads, seeds, deterministic algorithms, signal handlers): that is the
+`Run`'s job (run.py), which builds the pieces from a config and hands them to a Trainer.
 """
 
 from __future__ import annotations
@@ -22,49 +28,55 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from reprotrain import fastpaths
-from reprotrain.build import Pieces
-from reprotrain.callbacks import improved
-from reprotrain.data.batches import val_batches, validation_batch_size
-from reprotrain.devices import synchronize
+from reprotrain.callbacks import Callback, EarlyStopping, improved
+from reprotrain.data.batches import (
+    Batches,
+    Reading,
+    make_batches,
+    val_batches,
+    validation_batch_size,
+)
+from reprotrain.devices import resolve_device, synchronize
 from reprotrain.errors import ConfigError, UserError
+from reprotrain.metrics import Metric, higher_is_better
 from reprotrain.metrics import compute as compute_metrics
-from reprotrain.metrics import higher_is_better
 from reprotrain.progress import Progress
 from reprotrain.schema import TrainConfig
-from reprotrain.step import evaluate, move_batch_to_device
+
+try:  # TEMP until schema.train_config lands
+    from reprotrain.schema import train_config
+except ImportError:
+
+    def train_config(**knobs: Any) -> TrainConfig:
+        return TrainConfig(**knobs)
+
+
+from reprotrain.step import LossFn, Scheduler, evaluate, move_batch_to_device
 from reprotrain.stopping import GracefulStop
+from reprotrain.tasks import Classification, Task
 from reprotrain.timing import PHASES, PhaseClock, TimingSummary
+from reprotrain.tracking.recorder import NoRun, Recorder
 
 # The figures fit() measures (Fitted.timings).
 TIMING_KEYS = ("samples_per_s", "step_ms_median", "checkpoint_s", *(f"{p}_ms_mean" for p in PHASES))
 
-
-class Recorder(Protocol):
-    """Where fit() sends its points (tracking.TrackedRun, tracking.NoRun)."""
-
-    def log_metric(self, key: str, value: float, step: int) -> None: ...
-    def flush(self) -> None: ...
-
-
-class Batches(Protocol):
-    """The training batches (data.make_batches): `take` yields steps start+1 .. total."""
-
-    batches_per_epoch: int
-
-    def take(self, total: int, start: int = 0) -> Iterator[Any]: ...  # micro-batches
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Scheduler]
+Data = Dataset | DataLoader
 
 
 class Ranks(Protocol):
-    """This process's place in a torchrun job (runtime.distributed.Group)."""
+    """This process's place in a torchrun job (distributed.Group)."""
 
     rank: int
     world_size: int
@@ -73,6 +85,7 @@ class Ranks(Protocol):
 
     def mean(self, values: torch.Tensor) -> torch.Tensor: ...
     def any(self, flag: bool, device: torch.device) -> bool: ...
+    def wrap(self, model: nn.Module, device: torch.device) -> nn.Module: ...
 
 
 class OneProcess:
@@ -85,6 +98,9 @@ class OneProcess:
 
     def any(self, flag: bool, device: torch.device) -> bool:
         return flag
+
+    def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
+        return model
 
 
 @dataclass
@@ -100,37 +116,143 @@ class Fitted:
 
 
 class Trainer:
-    """Trains `model` (the module the step calls: `pieces.model`, or its DDP wrapper) with
-    `pieces`' task, loss, optimizer and scheduler on `batches`, on `device`, as `train` says."""
+    """Trains `model` with `optimizer` on `train_data`, on `device`.
+
+    - `model`: any `nn.Module`; moved to the device once, here.
+    - `optimizer`: an optimizer over the model's parameters, or a factory taking them
+      (`functools.partial(torch.optim.AdamW, lr=1e-3)`).
+    - `train_data`, `val_data`: map-style `Dataset`s whose items are `(input, target)`, longer
+      tuples or dicts, or `DataLoader`s (their dataset, batch size, collate function and
+      workers are used; the order of each epoch comes from `seed` and the epoch, so a resumed
+      fit sees the batches an uninterrupted one does).
+    - `task`: how a batch reaches the model and becomes a loss (tasks.py; `Classification()`).
+    - `loss_fn`: the loss (`nn.CrossEntropyLoss()` when left out; unused when the model
+      returns its own loss).
+    - `scheduler`: an LR scheduler (or a factory taking the optimizer), stepped every step
+      (`scheduler_interval="epoch"`: every epoch); a `ReduceLROnPlateau` is stepped with the
+      validation figure `monitor` (default `val/loss`).
+    - `metrics`: `{name: torchmetrics metric}`, logged as `val/<name>`.
+    - `callbacks`: objects with some of `Callback`'s methods (callbacks.py).
+    - `recorder`: where the points go (`MlflowRecorder()` for the active MLflow run); none by
+      default.
+    - `**knobs`: the `train` section's keys (see the module's docstring).
+    """
 
     def __init__(
         self,
         model: nn.Module,
-        pieces: Pieces,
-        batches: Batches,
-        device: torch.device,
-        train: TrainConfig,
-        group: Ranks | None = None,
+        optimizer: torch.optim.Optimizer | OptimizerFactory,
+        train_data: Data,
+        *,
+        val_data: Data | None = None,
+        task: Task | None = None,
+        loss_fn: LossFn | None = None,
+        scheduler: Scheduler | SchedulerFactory | None = None,
+        metrics: Mapping[str, Metric] | None = None,
+        callbacks: Iterable[Callback] | Mapping[str, Callback] = (),
+        device: str | torch.device = "auto",
+        recorder: Recorder | None = None,
+        scheduler_interval: str = "step",
+        monitor: str | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        shuffle: bool = True,
+        loss_every: int = 1,
+        ranks: Ranks | None = None,
+        **knobs: Any,
     ) -> None:
-        self.model, self.pieces, self.batches = model, pieces, batches
-        self.device, self.train, self.group = device, train, group or OneProcess()
-        self.micro = train.accumulate_grad_batches  # batches per optimizer step
-        if batches.batches_per_epoch < self.micro:
-            raise ConfigError(
-                f"train.accumulate_grad_batches={self.micro} is more batches than an epoch "
-                f"holds ({batches.batches_per_epoch} of train.batch_size={train.batch_size})",
-                hint="lower train.accumulate_grad_batches or train.batch_size",
-            )
-        self.knobs = fastpaths.knobs(train, device)
-        self.step_fn = fastpaths.step_function(train, device, model, pieces, self.knobs)
-        self.clock = PhaseClock(device)
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        train_data, val_data, collate_fn, knobs = _from_loaders(
+            train_data, val_data, collate_fn, knobs
+        )
+        self.train: TrainConfig = train_config(**knobs)
+        self.group: Ranks = ranks or OneProcess()
+        self.model = model.to(self.device)  # once, before the loop
+        self.module = self.group.wrap(self.model, self.device)  # what the step calls (DDP)
+        self.optimizer = (
+            optimizer
+            if isinstance(optimizer, torch.optim.Optimizer)
+            else optimizer(self.model.parameters())
+        )
+        self.task: Task = (task or Classification()).bind(self.model)
+        loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+        self.loss_fn = loss_fn.to(self.device) if isinstance(loss_fn, nn.Module) else loss_fn
+        self.scheduler = (
+            scheduler(self.optimizer)
+            if scheduler is not None and not _is_scheduler(scheduler)
+            else scheduler
+        )
+        plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        self.scheduler_interval = "validation" if plateau or monitor else scheduler_interval
+        self.monitor = monitor or ("val/loss" if plateau else None)
+        self.metrics: dict[str, Metric] = {
+            name: metric.to(self.device) if hasattr(metric, "to") else metric
+            for name, metric in (metrics or {}).items()
+        }
+        self.callbacks = _named(callbacks)
+        self.recorder: Recorder = recorder or NoRun()
+        self.reading = Reading(shuffle=shuffle, collate_fn=collate_fn)
+        self.train_data, self.val_data, self.loss_every = train_data, val_data, loss_every
+        self.batches: Batches = make_batches(
+            train_data,
+            self.train,
+            self.device,
+            self.reading,
+            self.group.rank,
+            self.group.world_size,
+        )
+        self._check_plan()
+        self.knobs = fastpaths.knobs(self.train, self.device)
+        self.step_fn = fastpaths.step_function(
+            self.train,
+            self.device,
+            self.module,
+            self.task,
+            self.loss_fn,
+            self.optimizer,
+            self.knobs,
+        )
+        self.clock = PhaseClock(self.device)
         self.step = 0
         self.losses: list[float] = []  # every step's loss: loss.csv and the loss window
         self.timings: dict[str, float] | None = None  # set when fit() reaches the last step
         self.nonfinite: list[int] = []
         self.validation: tuple[int, dict[str, float]] | None = None  # the last: (step, values)
-        self.best = Best(train.objective, higher_is_better(_metric_of(pieces, train.objective)))
+        objective = self.train.objective
+        self.best = Best(objective, higher_is_better(self._metric(objective)))
+        stopping = self.train.early_stopping
+        if stopping is not None:
+            self.callbacks["early_stopping"] = EarlyStopping(
+                objective, stopping.patience, stopping.min_delta, self.best.higher
+            )
         self.stopped_early: str | None = None  # why a callback stopped the run, once it has
+
+    def _check_plan(self) -> None:
+        """What cannot work with these pieces, said before the first step."""
+        micro = self.train.accumulate_grad_batches
+        if self.batches.batches_per_epoch < micro:
+            raise ConfigError(
+                f"train.accumulate_grad_batches={micro} is more batches than an epoch "
+                f"holds ({self.batches.batches_per_epoch} of train.batch_size="
+                f"{self.train.batch_size})",
+                hint="lower train.accumulate_grad_batches or train.batch_size",
+            )
+        if self.val_data is None:
+            needs = [
+                f"{key}={getattr(self.train, key)!r}"
+                for key in ("val_every", "keep_best", "early_stopping")
+                if getattr(self.train, key)
+            ] + (
+                ["a ReduceLROnPlateau scheduler"] if self.scheduler_interval == "validation" else []
+            )
+            if needs:
+                raise ConfigError(
+                    f"{', '.join(needs)} validates during training, but no val_data was given",
+                    hint="pass val_data=<a Dataset or DataLoader> to the Trainer, or drop "
+                    + " and ".join(needs),
+                )
+
+    def _metric(self, figure: str) -> Metric | None:
+        return self.metrics.get(figure.removeprefix("val/")) if figure != "val/loss" else None
 
     def train_step(self, *batches: Any) -> torch.Tensor:
         """One step of the lesson on `batch` (k micro-batches under gradient accumulation);
@@ -141,26 +263,30 @@ class Trainer:
         loss = self.step_fn(batches, self.clock.mark)  # forward, loss, zero_grad, backward,
         self.step += 1  # step
         self.clock.end_step(self.step)
-        scheduler, interval = self.pieces.scheduler, self.pieces.scheduler_interval
-        if scheduler is not None and (
+        interval = self.scheduler_interval
+        if self.scheduler is not None and (
             interval == "step" or (interval == "epoch" and self.step % self.epoch_length == 0)
         ):
-            scheduler.step()
+            self.scheduler.step()  # type: ignore[call-arg]  # not a plateau: no figure
         return loss
 
     def fit(
         self,
-        total: int,
-        recorder: Recorder,
+        steps: int | None = None,
+        epochs: int | None = None,
+        *,
         save: Callable[[Trainer], None] | None = None,
         stop: GracefulStop | None = None,
-        loss_every: int = 1,
     ) -> Fitted:
-        """Train from the current step to `total` (or until a callback stops it early);
-        `save(self)` writes a checkpoint; `loss_every` > 1 logs each window of that many
-        steps' mean loss (tracking.loss_every); the last step is validated."""
+        """Train until the Trainer's own step count reaches `steps` (or `epochs` whole epochs;
+        the `steps`/`epochs` knobs when neither is given), or until a callback stops it early.
+        A Trainer given a state_dict from step 30 continues to 60 with `fit(steps=60)`.
+        `save(self)` writes a checkpoint on the `checkpoint_every(_s)` cadence and when a
+        `stop` (a GracefulStop the caller installed) asks; the last step is validated."""
+        total = self.total_steps(steps, epochs)
         stop = stop or GracefulStop()
-        window = Window(self, recorder, total, loss_every)
+        recorder = self.recorder
+        window = Window(self, recorder, total, self.loss_every)
         cadence = CheckpointCadence(self.train.checkpoint_every, self.train.checkpoint_every_s)
         cadence.saved(self.step, 0.0)
         self.call("on_train_start")
@@ -175,28 +301,55 @@ class Trainer:
                 if at_window or validating:
                     window.record()
                 if validating:
-                    self.validate_now(recorder)
+                    self.validate_now()
                 if self.early_stop_agreed(at_window or validating):
                     window.record()
                     break
                 if at_window and self.step < total and cadence.due(self.step):
-                    cadence.saved(self.step, self.checkpoint(recorder, save, window))
+                    cadence.saved(self.step, self.checkpoint(save, window))
                 if self.stopping(stop, at_window):
                     window.record()
-                    self.checkpoint(recorder, save, window)
+                    self.checkpoint(save, window)
                     stop.check()  # raises: the run ends KILLED
         finally:
             stop.in_loop = False
             window.progress.close()
         self.timings = window.timings(self.step)
-        self.finish_validation(recorder)
+        self.finish_validation()
         self.call("on_train_end")
+        if self.group.main:
+            recorder.flush()
+        return self.fitted()
+
+    def total_steps(self, steps: int | None = None, epochs: int | None = None) -> int:
+        """The step count fit() trains to: `steps`, else `epochs` whole epochs, else the
+        `steps` / `epochs` knobs."""
+        if steps is None and epochs is None:
+            steps, epochs = self.train.steps, self.train.epochs
+        if steps is not None:
+            if steps < 1:
+                raise ConfigError(f"fit(steps={steps}): allowed: 1 or more", hint="give steps >= 1")
+            return steps
+        if epochs is None or epochs < 1:
+            raise ConfigError(
+                f"fit(epochs={epochs}): allowed: 1 or more", hint="give steps= or epochs= >= 1"
+            )
+        return epochs * self.epoch_length
+
+    def finish_from_state(self) -> Fitted:
+        """What fit() left, from the last step's checkpoint (a run killed after training):
+        the timings it saved (NaN where a stop's checkpoint had none) and the final
+        validation."""
+        timings = self.timings or {}
+        self.timings = {key: float(timings.get(key, float("nan"))) for key in TIMING_KEYS}
+        self.finish_validation()
         return self.fitted()
 
     def steps(self, total: int) -> Iterator[tuple[Any, ...]]:
         """The batches of steps step+1..total, `train.accumulate_grad_batches` at a time."""
-        micro = self.batches.take(total * self.micro, start=self.step * self.micro)
-        return zip(*[iter(micro)] * self.micro, strict=False)
+        micro = self.train.accumulate_grad_batches
+        taken = self.batches.take(total * micro, start=self.step * micro)
+        return zip(*[iter(taken)] * micro, strict=False)
 
     def fitted(self) -> Fitted:
         return Fitted(
@@ -214,17 +367,18 @@ class Trainer:
             return self.step % self.epoch_length == 0
         return bool(every) and self.step % every == 0
 
-    def validate_now(self, recorder: Recorder) -> dict[str, float]:
+    def validate_now(self) -> dict[str, float]:
         """Validate at this step (every rank): log val/*, keep the best weights, step a
         metric-driven scheduler, tell the callbacks, and agree whether to stop early."""
         values = self.validate()
         self.validation = (self.step, values)
         if self.group.main:
-            recorder.log_metrics(values, self.step)
+            self.recorder.log_metrics(values, self.step)
         if self.train.keep_best and self.best.update(values, self.step):
-            self.best.keep(self.pieces.model)
-        if self.pieces.scheduler_interval == "validation":
-            self.pieces.scheduler.step(values[self.pieces.monitor])
+            self.best.keep(self.model)
+        if self.scheduler_interval == "validation" and self.scheduler is not None:
+            figure = self.monitor or "val/loss"
+            self.scheduler.step(values[figure])  # type: ignore[arg-type]  # a plateau's figure
         self.call("on_validation_end", values)
         return values
 
@@ -240,40 +394,45 @@ class Trainer:
             self.stopped_early = "stopped by a callback on rank 0"
         return agreed
 
-    def finish_validation(self, recorder: Recorder) -> None:
-        """The last step's validation (unless it was just taken); with train.keep_best, the
-        model then holds the best validation's weights and its figures are the run's."""
+    def finish_validation(self) -> None:
+        """The last step's validation (unless it was just taken, or there is no validation
+        data); with keep_best, the model then holds the best validation's weights and its
+        figures are the run's."""
+        if self.val_data is None:
+            return
         if self.validation is None or self.validation[0] != self.step:
-            self.validate_now(recorder)
+            self.validate_now()
         if self.train.keep_best and self.best.weights is not None:
-            self.pieces.model.load_state_dict(self.best.weights)
+            self.model.load_state_dict(self.best.weights)
             self.validation = (self.best.step, dict(self.best.values))
 
     def validate(self) -> dict[str, float]:
-        """`val/loss` and `val/<metric>` on the validation split (this rank's share of it,
+        """`val/loss` and `val/<metric>` on the validation data (this rank's share of it,
         reduced over every rank)."""
-        pieces, group = self.pieces, self.group
+        if self.val_data is None:
+            raise ConfigError(
+                "validate() needs validation data, but the Trainer has no val_data",
+                hint="pass val_data=<a Dataset or DataLoader> to the Trainer",
+            )
+        group = self.group
         val = val_batches(
-            pieces.splits.val,
+            self.val_data,
             self.device,
             self.val_batch_size,
-            pieces.reading.collate_fn,
+            self.reading.collate_fn,
             group.rank,
             group.world_size,
         )
-        totals = evaluate(
-            pieces.model, val, pieces.task, pieces.loss_fn, self.device, pieces.metrics
-        )
+        totals = evaluate(self.model, val, self.task, self.loss_fn, self.device, self.metrics)
         loss_sum, count = group.mean(totals).cpu().tolist()  # sync point: once per validation
         values = {"val/loss": loss_sum / count if count else float("nan")}
-        values.update({f"val/{k}": v for k, v in compute_metrics(pieces.metrics).items()})
+        values.update({f"val/{k}": v for k, v in compute_metrics(self.metrics).items()})
         return values
 
     @property
     def val_batch_size(self) -> int:
-        pieces = self.pieces
         return validation_batch_size(
-            self.train.batch_size, pieces.task.carry_state, pieces.reading.collate_fn
+            self.train.batch_size, self.task.carry_state, self.reading.collate_fn
         )
 
     def stop_early(self, reason: str) -> None:
@@ -284,7 +443,7 @@ class Trainer:
         """Each callback's `hook` (those it has), on rank 0."""
         if not self.group.main:
             return
-        for callback in self.pieces.callbacks.values():
+        for callback in self.callbacks.values():
             method = getattr(callback, hook, None)
             if method is not None:
                 method(self, *args)
@@ -299,14 +458,12 @@ class Trainer:
             stop.requested = stop.requested or (signal.SIGTERM if stopping else None)
         return stopping
 
-    def checkpoint(
-        self, recorder: Recorder, save: Callable[[Trainer], None] | None, window: Window
-    ) -> float:
+    def checkpoint(self, save: Callable[[Trainer], None] | None, window: Window) -> float:
         """Send what the run owes the store, then save: seconds it took (time.checkpoint_s)."""
         if save is None or not self.group.main:
             return 0.0
         began = time.perf_counter()
-        recorder.flush()
+        self.recorder.flush()
         save(self)
         took = time.perf_counter() - began
         window.checkpoint_s += took
@@ -315,12 +472,13 @@ class Trainer:
     @property
     def samples_per_step(self) -> int:
         """Every rank's micro-batches of one optimizer step (the global batch)."""
-        return self.group.world_size * self.train.batch_size * self.micro
+        micro = self.train.accumulate_grad_batches
+        return self.group.world_size * self.train.batch_size * micro
 
     @property
     def epoch_length(self) -> int:
         """Optimizer steps per epoch."""
-        return self.batches.batches_per_epoch // self.micro
+        return self.batches.batches_per_epoch // self.train.accumulate_grad_batches
 
     def state_dict(self) -> dict[str, Any]:
         """What resuming needs: the model, optimizer and scheduler (and fp16's scaler), the
@@ -328,20 +486,20 @@ class Trainer:
         task's state (a recurrent model's hidden state), the callbacks' states, the best
         validation, the losses so far, and once fit() has ended, its timings (a run killed
         after training finishes from them)."""
-        pieces, scheduler, scaler = self.pieces, self.pieces.scheduler, self.knobs.scaler
+        scheduler, scaler = self.scheduler, self.knobs.scaler
         return {
             "step": self.step,
             "epoch": self.step // self.epoch_length,
-            "model": pieces.model.state_dict(),
-            "optimizer": pieces.optimizer.state_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "task": pieces.task.state_dict(),
+            "task": self.task.state_dict(),
             "callbacks": {
                 name: callback.state_dict()
-                for name, callback in pieces.callbacks.items()
+                for name, callback in self.callbacks.items()
                 if hasattr(callback, "state_dict")
             },
             "best": self.best.state_dict(),
@@ -352,28 +510,67 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pieces = self.pieces
-        pieces.model.load_state_dict(state["model"])
-        pieces.optimizer.load_state_dict(state["optimizer"])
-        if pieces.scheduler is not None and state.get("scheduler") is not None:
-            pieces.scheduler.load_state_dict(state["scheduler"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         if self.knobs.scaler is not None and state.get("scaler") is not None:
             self.knobs.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
-        pieces.task.load_state_dict(state.get("task") or {})
-        if hasattr(pieces.task, "to"):
-            pieces.task.to(self.device)
+        self.task.load_state_dict(state.get("task") or {})
+        self.task.to(self.device)
         for name, kept in (state.get("callbacks") or {}).items():
-            if name in pieces.callbacks and hasattr(pieces.callbacks[name], "load_state_dict"):
-                pieces.callbacks[name].load_state_dict(kept)
+            callback = self.callbacks.get(name)
+            if callback is not None and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(kept)
         self.best.load_state_dict(state.get("best"))
         self.validation = state.get("validation")
         self.stopped_early = state.get("stopped_early")
         self.step, self.losses = int(state["step"]), list(state["losses"])
         self.timings = state.get("timings")
         self.nonfinite = [i + 1 for i, v in enumerate(self.losses) if not np.isfinite(v)]
+
+
+def _is_scheduler(value: Any) -> bool:
+    return isinstance(value, torch.optim.lr_scheduler.LRScheduler)
+
+
+def _named(callbacks: Iterable[Callback] | Mapping[str, Callback]) -> dict[str, Callback]:
+    """Callbacks by name: a mapping's keys, else each one's class name (numbered if repeated)."""
+    if isinstance(callbacks, Mapping):
+        return dict(callbacks)
+    named: dict[str, Callback] = {}
+    for callback in callbacks:
+        name = base = type(callback).__name__
+        number = 1
+        while name in named:
+            number += 1
+            name = f"{base}_{number}"
+        named[name] = callback
+    return named
+
+
+def _from_loaders(
+    train_data: Data,
+    val_data: Data | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    knobs: dict[str, Any],
+) -> tuple[Dataset, Dataset | None, Callable[[list[Any]], Any] | None, dict[str, Any]]:
+    """A DataLoader's dataset, and its batch size, workers and collate function as the
+    knobs (those given as keyword arguments win)."""
+    if isinstance(train_data, DataLoader):
+        loader = train_data
+        if loader.batch_size is not None:
+            knobs.setdefault("batch_size", loader.batch_size)
+        knobs.setdefault("num_workers", loader.num_workers)
+        if collate_fn is None and loader.collate_fn is not torch.utils.data.default_collate:
+            collate_fn = loader.collate_fn
+        train_data = loader.dataset
+    if isinstance(val_data, DataLoader):
+        val_data = val_data.dataset
+    return train_data, val_data, collate_fn, knobs
 
 
 class Best:
@@ -408,10 +605,6 @@ class Best:
         if state:
             self.value, self.step = float(state["value"]), int(state["step"])
             self.values, self.weights = dict(state["values"]), state["weights"]
-
-
-def _metric_of(pieces: Pieces, objective: str) -> Any:
-    return pieces.metrics.get(objective.removeprefix("val/")) if objective != "val/loss" else None
 
 
 class Window:
@@ -461,10 +654,8 @@ class Window:
         self.recorder.log_metric(
             "train/step_ms", float(np.mean([p["step"] for _, p in timed])), step
         )
-        if trainer.pieces.scheduler is not None:
-            self.recorder.log_metric(
-                "train/lr", trainer.pieces.optimizer.param_groups[0]["lr"], step
-            )
+        if trainer.scheduler is not None:
+            self.recorder.log_metric("train/lr", trainer.optimizer.param_groups[0]["lr"], step)
         self.progress.update(step, values[-1], self.samples_per_s(self.summary.median("step")))
 
     def log_losses(self, first: int, last: int) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -38,6 +38,14 @@ from reprotrain.data.structure import map_tensors
 from reprotrain.errors import ConfigError
 
 RESIDENT_HOST_LIMIT = 1 << 30  # materialise a non-tensor dataset only up to 1 GiB
+
+
+class Batches(Protocol):
+    """The training batches: `take(total, start)` yields the batches of steps start+1..total."""
+
+    batches_per_epoch: int
+
+    def take(self, total: int, start: int = 0) -> Iterator[Any]: ...
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:

@@ -4,8 +4,8 @@
     runtime=docker  a container, or a clear error when no engine answers
     runtime=local   this process
 
-Both run the same function (runtime.local.run) on the same resolved config; the container
-runtime starts it inside the image with the project mounted at the same path.
+Both run the same recipe (run.Run) on the same resolved config; the container runtime starts
+it inside the image with the project mounted at the same path.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import os
 import sys
 from typing import Any
 
+from reprotrain import distributed
 from reprotrain.containers import engine_status
 from reprotrain.errors import ConfigError, RuntimeEnvError
 from reprotrain.host import CONTAINER_ENV
-from reprotrain.runtime import distributed
-from reprotrain.runtime.local import run
+from reprotrain.run import Run
 from reprotrain.schema import Config
 
 WARNED_ENV = "REPROTRAIN_WARNED_NO_DOCKER"  # a sweep's jobs share one warning
@@ -27,7 +27,7 @@ WARNED_ENV = "REPROTRAIN_WARNED_NO_DOCKER"  # a sweep's jobs share one warning
 def launch(config: Config, varied: list[str] | None = None) -> dict[str, Any]:
     """Train where config.runtime says; returns the run's figures (run.json)."""
     if choose_runtime(config) == "local":
-        return run(config, "local", varied)
+        return Run(config, "local", varied).execute()
     # Imported here, not at the top: it loads MLflow's client and the image logic, which a
     # local run (most runs) never needs, and MLflow's import alone takes ~2 s.
     from reprotrain.runtime.container import run_in_docker

@@ -3,7 +3,7 @@
 recorder.py     the interface the Trainer records through (Recorder), NoRun,
                 end_status / describe_error (how a run's end maps to its MLflow status)
 mlflow_run.py   TrackedRun: this process's active MLflow run; points sent off the loop,
-                system metrics, dataset inputs
+                system metrics, dataset inputs; MlflowRecorder: a Trainer's points to a run
 points.py       PointSender: the loop appends metric points, a thread sends them
 mlflow_model.py the run's MLflow Model (mlflow.pytorch.log_model), with its code
 datasets.py     the training and validation data as MLflow datasets (mlflow.log_input)
@@ -18,7 +18,7 @@ from reprotrain.tracking.credentials import redact
 from reprotrain.tracking.datasets import as_mlflow_datasets
 from reprotrain.tracking.failures import is_store_failure
 from reprotrain.tracking.mlflow_model import log_pytorch_model
-from reprotrain.tracking.mlflow_run import RUN_ID_ENV, RunSpec, TrackedRun
+from reprotrain.tracking.mlflow_run import RUN_ID_ENV, MlflowRecorder, RunSpec, TrackedRun
 from reprotrain.tracking.orphans import Orphan, end_orphans, owner_tags, sweep
 from reprotrain.tracking.recorder import (
     MAX_BATCH,
@@ -44,6 +44,7 @@ __all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
     "MAX_BATCH",
+    "MlflowRecorder",
     "RUN_ID_ENV",
     "NoRun",
     "Orphan",

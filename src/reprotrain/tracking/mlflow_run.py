@@ -136,7 +136,12 @@ class TrackedRun:
                 self.client = self.client or MlflowClient(self.uri)
                 self._open_once()
                 mlflow.set_tracking_uri(self.uri)
-                mlflow.start_run(run_id=self.run_id, log_system_metrics=self.system_metrics)
+                # Inside a caller's own active run (reprotrain.train from a notebook that
+                # has one): this run goes on top of MLflow's stack and comes off at the end.
+                nested = mlflow.active_run() is not None
+                mlflow.start_run(
+                    run_id=self.run_id, nested=nested, log_system_metrics=self.system_metrics
+                )
                 break
             except Exception as error:
                 failed = is_store_failure(error)
@@ -362,9 +367,10 @@ class TrackedRun:
         except Exception as failure:
             self._keep_for_later(failure, {"status": status, "error": message}, 0.0)
         finally:
-            if mlflow.active_run() is not None:  # end_run was not reached: take the run off
-                with contextlib.suppress(Exception):  # MLflow's stack; the spool has its end
-                    mlflow.end_run(status)
+            active = mlflow.active_run()
+            if active is not None and active.info.run_id == self.run_id:  # end_run was not
+                with contextlib.suppress(Exception):  # reached: take the run off MLflow's
+                    mlflow.end_run(status)  # stack (the spool has its end), not a caller's
             mlflow.set_tracking_uri(self._previous_uri)  # None unsets it, as it was
         if self.spool is not None and self.spool.pending():
             print(
@@ -394,3 +400,35 @@ def recorded_steps(client: Any, run: Any) -> set[tuple[str, int]]:
 def _param_text(value: Any) -> str:
     text = "null" if value is None else redact(str(value))  # no password in the store
     return text[:MAX_PARAM_TEXT]
+
+
+class MlflowRecorder:
+    """A `Trainer`'s points to an MLflow run, through MLflow's public client: the run
+    `run_id`, else the active run (`mlflow.start_run()` first; one is started if there is
+    none, as `mlflow.log_metric` does). Points are sent in batches: when 1000 are waiting and
+    when the Trainer flushes (each checkpoint, the end of fit())."""
+
+    def __init__(self, run_id: str | None = None, *, tracking_uri: str | None = None) -> None:
+        self.client = MlflowClient(tracking_uri)
+        self._run_id = run_id
+        self.pending: list[Metric] = []
+
+    @property
+    def run_id(self) -> str:
+        if self._run_id is None:
+            self._run_id = (mlflow.active_run() or mlflow.start_run()).info.run_id
+        return self._run_id
+
+    def log_metric(self, key: str, value: float, step: int) -> None:
+        self.pending.append(Metric(key, float(value), int(time.time() * 1000), int(step)))
+        if len(self.pending) >= MAX_BATCH:
+            self.flush()
+
+    def log_metrics(self, values: dict[str, float], step: int) -> None:
+        for key, value in values.items():
+            self.log_metric(key, value, step)
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for i in range(0, len(pending), MAX_BATCH):
+            self.client.log_batch(self.run_id, metrics=pending[i : i + MAX_BATCH])

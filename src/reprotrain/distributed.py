@@ -82,6 +82,14 @@ class Group:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
+    def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
+        """DistributedDataParallel around the model in a group; the model itself otherwise."""
+        if not self.active:
+            return model
+        ids = [device.index] if device.type == "cuda" else None
+        standard_strides(model)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
 
 SINGLE = Group()
 
@@ -155,15 +163,6 @@ def check_devices() -> None:
             f"allowed: --nproc_per_node up to {count}",
             hint=f"use torchrun --nproc_per_node={count} (or gpu), or check CUDA_VISIBLE_DEVICES",
         )
-
-
-def wrap(model: nn.Module, group: Group, device: torch.device) -> nn.Module:
-    """DistributedDataParallel around the model in a group; the model itself otherwise."""
-    if not group.active:
-        return model
-    ids = [device.index] if device.type == "cuda" else None
-    standard_strides(model)
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 def standard_strides(model: nn.Module) -> None:
