@@ -141,10 +141,7 @@ def process_restored() -> Iterator[None]:
         else {}
     )
     threads = torch.get_num_threads()
-    deterministic = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
+    deterministic = torch.get_deterministic_debug_mode()
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     cuda_generators = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -157,8 +154,9 @@ def process_restored() -> Iterator[None]:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
         torch.set_num_threads(threads)
-        if torch.are_deterministic_algorithms_enabled() != deterministic[0]:
-            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        if torch.get_deterministic_debug_mode() != deterministic:
+            # The public setter that does not import torch's compiler (seeding.py).
+            torch.set_deterministic_debug_mode(deterministic)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         random.setstate(generators[0])
         np.random.set_state(generators[1])

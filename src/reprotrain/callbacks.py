@@ -23,20 +23,23 @@ then ends FINISHED at that step with the tag `reprotrain.stopped_early` giving t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the Trainer calls its callbacks: a type only, no import at run time
+    from reprotrain.trainer import Trainer
 
 
 class Callback:
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, trainer: Trainer) -> None:
         pass
 
-    def on_step_end(self, trainer: Any) -> None:
+    def on_step_end(self, trainer: Trainer) -> None:
         pass
 
-    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         pass
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, trainer: Trainer) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:
@@ -57,7 +60,7 @@ class EarlyStopping(Callback):
         self.higher = higher_is_better
         self.best, self.best_step, self.waited = math.nan, 0, 0
 
-    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         value = metrics[self.monitor]
         if improved(value, self.best, self.higher, self.min_delta):
             self.best, self.best_step, self.waited = value, trainer.step, 0

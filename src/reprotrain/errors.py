@@ -27,7 +27,12 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """A config value, type, key or group option is not allowed."""
+    """A config value, type, key or group option is not allowed; `key` names the config key
+    (or group) it is about where there is one, e.g. `optimizer.lr`."""
+
+    def __init__(self, message: str, *, hint: str | None = None, key: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.key = key
 
 
 class DeviceError(UserError):

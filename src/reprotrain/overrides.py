@@ -13,7 +13,11 @@ over a group's options, with `tag`, `sort` and `shuffle` around them) is compose
 validated; a continuous `interval(a,b)` (Optuna samples it) is validated at both ends.
 Overrides of `hydra.*` and `hydra/...` are Hydra's own to check, except an Optuna
 `hydra.sweeper.storage`: optuna 2.10 cannot open a database with SQLAlchemy 2.
-"""
+
+What was wrong is decided from what Hydra's API gives plugin authors, never from the words
+of a message: the parsed `Override`s, each group's options, the composed config, and a
+`MissingConfigException`'s file. A job that does not compose is explained by the override
+grammar's rules, applied as Hydra applies them (`_first_refused`)."""
 
 from __future__ import annotations
 
@@ -37,42 +41,22 @@ from hydra.core.override_parser.types import (
     Glob,
     IntervalSweep,
     Override,
-    QuotedString,
     RangeSweep,
     Transformer,
 )
-from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from reprotrain.errors import ConfigError
 from reprotrain.project import conf_folder, register_resolvers
 from reprotrain.schema import validate
 
-# Hydra flags that print something and exit: nothing to check.
-_INFO_FLAGS = {
-    "--help",
-    "-h",
-    "--hydra-help",
-    "--info",
-    "-i",
-    "--version",
-    "--shell-completion",
-    "-sc",
-}
-_VALUE_FLAGS = {
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--experimental-rerun",
-}
+# Hydra's flags that print something and exit (nothing to check), and those taking a value.
+_HELP_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version"}
+_INFO_FLAGS = _HELP_FLAGS | {"--shell-completion", "-sc"}
+_CONFIG_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
+_VALUE_FLAGS = _CONFIG_FLAGS | {"--cfg", "-c", "--package", "-p", "--experimental-rerun"}
 _CUDA_INDEX = re.compile(r"^device=cuda:(\d+)$")
 # Composing a job takes ~0.12 s here, a small part of running it. A sweep of more jobs than
 # this (an Optuna space of many choices runs only n_trials of them) is checked on fewer jobs
@@ -127,8 +111,8 @@ def check(argv: list[str]) -> None:
 
 
 def check_composes(flags: dict[str, str], task: list[Override], hydra: list[Override]) -> None:
-    """A single run: its group options and Hydra's composition of it (Hydra's own settings
-    included), each error one line. Its schema is the app's to check, once (cli.py)."""
+    """A single run: Hydra's composition of it (Hydra's own settings included), each error
+    one line. Its schema is the app's to check, once (cli.py)."""
     with _configs(flags, hydra) as configs:
         searchpath = [p for p in hydra if p.get_key_element() == "hydra.searchpath"]
         axes = configs.axes([*task, *(p for p in hydra if p not in searchpath)])
@@ -145,12 +129,11 @@ def check_sweep(flags: dict[str, str], task: list[Override], hydra: list[Overrid
         # Hydra's sweepers take the config's search space, then the command line's
         # overrides, which replace a key both give.
         axes = configs.axes(task)
-        axes = {**configs.sweeper_params(axes, hydra), **axes}
-        given = {axis.group: axis.given for axis in axes.values()}
-        swept = [axis.sweep for axis in axes.values()]
-        for job in _jobs([axis.overrides for axis in axes.values()]):
-            values = [o for o, sweep in zip(job, swept, strict=True) if sweep]
-            configs.validate_job(job, given, swept=values)
+        every = list({**configs.sweeper_params(axes, hydra), **axes}.values())
+        given = {axis.group: axis.given for axis in every}
+        for job in _jobs([axis.overrides for axis in every]):
+            swept = {a.group: o for a, o in zip(every, job, strict=True) if a.sweep}
+            configs.validate_job(job, given, swept)
 
 
 def check_run_folder(cfg: DictConfig, key: str) -> None:
@@ -200,7 +183,6 @@ class _Axis:
     key: str  # Hydra's key element: `optimizer.lr`, `+loss`, `model@net`
     group: str  # the key without prefix and package: `optimizer.lr`, `loss`, `model`
     overrides: list[str]  # `optimizer.lr=0.1`, `optimizer.lr=0.01`, ...
-    options: list[object]  # the values given, for the group check
     given: str  # `'optimizer.lr=0.1,0.01'`, or `'optimizer.lr=...' in hydra.sweeper.params`
     sweep: bool = False
 
@@ -224,24 +206,22 @@ class _Configs:
             )
         return self._options[group]
 
+    def is_group(self, override: Override) -> bool:
+        """Does it choose a group's option (Hydra's defaults list), not set a config key?"""
+        return bool(self.options(override.key_or_group))
+
     def axes(self, overrides: list[Override], source: str = "") -> dict[str, _Axis]:
-        """Each override as an axis (the last one given for a key wins), group options checked."""
-        axes = {}
-        for override in overrides:
-            axis = self.axis(override, source)
-            self.check_group_options(axis)
-            axes[axis.key] = axis
-        return axes
+        """Each override as an axis (the last one given for a key wins)."""
+        return {axis.key: axis for axis in (self.axis(o, source) for o in overrides)}
 
     def axis(self, override: Override, source: str = "") -> _Axis:
         key = override.get_key_element()
         given = repr(override.input_line) + (f" in {source}" if source else "")
         group = override.key_or_group
         if override.is_delete():
-            return _Axis(key, group, [override.input_line or key], [], given)
+            return _Axis(key, group, [override.input_line or key], given)
         if not override.is_sweep_override():
-            value = override.get_value_element_as_str()
-            return _Axis(key, group, [f"{key}={value}"], [_plain(override.value())], given)
+            return _Axis(key, group, [f"{key}={override.get_value_element_as_str()}"], given)
         sweep = override.value()
         if isinstance(sweep, Glob):
             values: list = sweep.filter(self.options(group))
@@ -250,6 +230,7 @@ class _Configs:
                     f"{given} matches no option of the {group!r} group; allowed: "
                     f"{', '.join(self.options(group)) or 'none'}",
                     hint="change the glob pattern, or add a matching option file",
+                    key=group,
                 )
         elif isinstance(sweep, IntervalSweep):
             values = [sweep.start, sweep.end]  # continuous: a sampler picks between the ends
@@ -263,10 +244,10 @@ class _Configs:
             raise ConfigError(
                 f"{given} sweeps over no value",
                 hint="give at least one value (check the range's start, stop and step)",
+                key=group,
             )
         strings = [Transformer.str(value) for value in values]
-        options = [_plain(value) for value in values]
-        return _Axis(key, group, [f"{key}={s}" for s in strings], options, given, sweep=True)
+        return _Axis(key, group, [f"{key}={s}" for s in strings], given, sweep=True)
 
     def sweeper_params(self, axes: dict[str, _Axis], hydra: list[Override]) -> dict[str, _Axis]:
         """The search space the composed config sets under hydra.sweeper.params.
@@ -275,14 +256,15 @@ class _Configs:
         sweeps, and take each entry as a `key=value` override (basic and Optuna alike).
         """
         fixed = [axis.overrides[0] for axis in axes.values() if not axis.sweep]
-        hydra_fixed = [p.input_line for p in hydra if not p.is_sweep_override()]
+        given = {axis.group: axis.given for axis in axes.values()}
+        hydra_fixed = _lines([p for p in hydra if not p.is_sweep_override()])
         try:
-            cfg = self.compose([*fixed, *hydra_fixed], given={}, with_hydra=True)
+            cfg = self.compose([*fixed, *hydra_fixed], given, with_hydra=True)
         except ConfigError:
             # A wrong hydra.* setting is Hydra's to report; the group choices
             # (hydra/sweeper=optuna) still decide which sweeper settings exist.
-            groups = [o for o in hydra_fixed if o.lstrip("+~").startswith("hydra/")]
-            cfg = self.compose([*fixed, *groups], given={}, with_hydra=True)
+            groups = [p for p in hydra if not p.is_sweep_override() and self.is_group(p)]
+            cfg = self.compose([*fixed, *_lines(groups)], given, with_hydra=True)
         check_run_folder(cfg, "hydra.sweep.dir")
         storage = OmegaConf.select(cfg, "hydra.sweeper.storage")
         if storage:
@@ -300,42 +282,59 @@ class _Configs:
         parsed = _parse(lines, source=_PARAMS_SOURCE)
         return self.axes([p for p in parsed if not p.is_hydra_override()], _PARAMS_SOURCE)
 
-    def check_group_options(self, axis: _Axis) -> None:
-        options = self.options(axis.group)
-        if not options:
-            return  # a config key, not a group
-        for value in axis.options:
-            for name in value if isinstance(value, list) else [value]:
-                if name is not None and str(name) not in options:
-                    raise ConfigError(
-                        f"{axis.group}={str(name)!r} is not an option of the {axis.group!r} group"
-                        f" (given {axis.given}); allowed: {', '.join(options)}",
-                        hint=f"pick one of those, or add conf/{axis.group}/{name}.yaml",
-                    )
-
-    def validate_job(self, job: list[str], given: dict[str, str], swept: list[str]) -> None:
+    def validate_job(self, job: list[str], given: dict[str, str], swept: dict[str, str]) -> None:
         """Compose and validate one job; an error in a sweep names the job's other swept values
-        (`optimizer.betas` is not a key *of the job optimizer=sgd*)."""
+        (`optimizer.betas` is not a key *of the job optimizer=sgd*). `swept`: key -> this
+        job's override of it."""
         try:
             validate(self.compose(job, given))
         except ConfigError as error:
-            others = [o for o in swept if not _names_key(error.message, o.split("=")[0])]
+            others = [override for key, override in swept.items() if key != error.key]
             if not others:
                 raise
             message = f"{error.message} (in the sweep's job {' '.join(others)})"
-            raise ConfigError(message, hint=error.hint) from None
+            raise ConfigError(message, hint=error.hint, key=error.key) from None
 
     def compose(
         self, overrides: list[str], given: dict[str, str], with_hydra: bool = False
     ) -> DictConfig:
         try:
-            return compose(
-                config_name=self.config_name,
-                overrides=[*self.search, *overrides],
-                return_hydra_config=with_hydra,
-            )
+            return self._compose(overrides, with_hydra)
         except (OmegaConfBaseException, HydraException, ValueError, KeyError) as error:
-            raise _composition_error(error, overrides, given) from None
+            raise self.explain(error, overrides, given) from None
+
+    def _compose(self, overrides: list[str], with_hydra: bool) -> DictConfig:
+        return compose(
+            config_name=self.config_name,
+            overrides=[*self.search, *overrides],
+            return_hydra_config=with_hydra,
+        )
+
+    def explain(self, error: Exception, job: list[str], given: dict[str, str]) -> ConfigError:
+        """Why Hydra could not compose `job`, as one line: a config file that is not there, or
+        the first override the grammar refuses on the config the job's group choices compose
+        (Hydra applies the other overrides to that config, in the order given)."""
+        if isinstance(error, MissingConfigException):  # the file is `group/option`, or the
+            path = error.missing_cfg_file or self.config_name  # primary config's name
+            group, _, name = path.rpartition("/")
+            options = self.options(group) if group else []
+            if not options:
+                hint = "check --config-dir/--config-name"
+                return ConfigError(f"config {path!r} was not found", hint=hint, key=path)
+            shown = f" (given {given[group]})" if group in given else ""
+            return ConfigError(
+                f"{group}={name!r} is not an option of the {group!r} group{shown}; allowed: "
+                f"{', '.join(options)}",
+                hint=f"pick one of those, or add conf/{group}/{name}.yaml",
+                key=group,
+            )
+        parsed = _parse(job, source="the command line")
+        try:
+            cfg = self._compose(_lines([o for o in parsed if self.is_group(o)]), with_hydra=True)
+        except (OmegaConfBaseException, HydraException, ValueError, KeyError):
+            return _unexplained(error, job)
+        keys = [o for o in parsed if not self.is_group(o)]
+        return _first_refused(cfg, keys, given) or _unexplained(error, job)
 
 
 @contextmanager
@@ -379,16 +378,8 @@ def _primary_searchpath(config_name: str) -> list[str]:
     return list(OmegaConf.select(cfg, "hydra.searchpath") or [])
 
 
-def _names_key(message: str, key: str) -> bool:
-    """Does the message name this key itself (`optimizer.lr=-1`, not `optimizer.lr.x`)?"""
-    return re.search(rf"(?<![\w.]){re.escape(key.lstrip('+~'))}(?![\w.])", message) is not None
-
-
-def _plain(value: object) -> object:
-    """A parsed value without its quotes, for comparing with option names."""
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value.text if isinstance(value, QuotedString) else value
+def _lines(overrides: list[Override]) -> list[str]:
+    return [str(override.input_line) for override in overrides]
 
 
 def _searchpath_override(paths: list[str]) -> str:
@@ -436,49 +427,70 @@ def _jobs(axes: list[list[str]]) -> list[list[str]]:
     return [[axis[i % len(axis)] for axis in axes] for i in range(width)]
 
 
-def _composition_error(error: Exception, job: list[str], given: dict[str, str]) -> ConfigError:
-    # Hydra's "Error merging override a=b" keeps what was wrong with it in its cause.
-    text = "\n".join(str(e) for e in (error, error.__cause__) if e is not None)
-    undeletable = re.search(r"Could not delete from config\. '([^']+)'", text)
-    if undeletable:
-        key = undeletable.group(1)
-        return ConfigError(
-            f"{key!r} cannot be deleted (given {given.get(key, repr('~' + key))}): "
-            "it is not a config key, or its value is already null",
-            hint="check the spelling; `python -m reprotrain.train --cfg job` lists every key",
+_ABSENT = object()  # what OmegaConf.select returns here for a key the config does not have
+
+
+def _first_refused(
+    cfg: DictConfig, overrides: list[Override], given: dict[str, str]
+) -> ConfigError | None:
+    """The first of `overrides` that the override grammar refuses on `cfg`, each applied in
+    turn (hydra.cc: Override grammar, Basic): `key=v` changes a key the config has, `+key=v`
+    adds one it lacks (or one that is null), `++key=v` either, `~key` removes a key that is
+    set (`~key=v`: only while its value is v). None when each applies (or one names a
+    package): Hydra's own first lines then say what went wrong."""
+    for override in overrides:
+        if override.package is not None:
+            return None
+        key, value = override.key_or_group, override.value()
+        shown = given.get(key) or repr(override.input_line)
+        current = OmegaConf.select(
+            cfg, key, default=_ABSENT, throw_on_missing=False, throw_on_resolution_failure=False
         )
-    taken = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
-    if taken:
-        key = taken.group(1)
-        return ConfigError(
-            f"{key!r} is already a config key (given {given.get(key, repr('+' + key))}): "
-            "+ adds a new key only",
-            hint=f"drop the + ({key}=...), or write ++{key}=... to add or override it",
-        )
-    unknown = re.search(r"Could not override '([^']+)'", text)
-    if unknown:
-        key = unknown.group(1)
-        source = given.get(key) or next(
-            (repr(o) for o in job if o.split("=")[0].lstrip("+~") == key), repr(key)
-        )
-        return ConfigError(
-            f"{key!r} is not a config key (given {source})",
-            hint="check the spelling; `python -m reprotrain.train --cfg job` lists every key "
-            f"(to add a new key on purpose, write +{key}=...)",
-        )
-    missing = re.search(r"Cannot find primary config '([^']+)'", text)
-    if missing:
-        return ConfigError(
-            f"config {missing.group(1)!r} was not found", hint="check --config-dir/--config-name"
-        )
-    lines = [
-        line.strip()
-        for line in text.splitlines()
-        if line.strip()
-        and not line.strip().startswith(("full_key", "object_type", "reference_type"))
-    ]
+        is_set = current is not None and current is not _ABSENT
+        if override.is_delete():
+            if not is_set or (value is not None and value != current):
+                was = "null" if current is None else repr(current)
+                why = "it is not a config key" if current is _ABSENT else f"its value is {was}"
+                fix = f"write ~{key} to delete it whatever its value" if is_set else "drop it"
+                return ConfigError(
+                    f"{key!r} cannot be deleted (given {shown}): {why}",
+                    hint=f"{fix}; `python -m reprotrain.train --cfg job` lists every key",
+                    key=key,
+                )
+            parent, _, name = key.rpartition(".")
+            with open_dict(cfg):
+                del (OmegaConf.select(cfg, parent) if parent else cfg)[name]
+            continue
+        if override.is_add() and is_set and not isinstance(value, dict | list):
+            return ConfigError(  # a mapping or a list given with + merges into the key
+                f"{key!r} is already a config key (given {shown}): + adds a new key only",
+                hint=f"drop the + ({key}=...), or write ++{key}=... to add or override it",
+                key=key,
+            )
+        plain = not (override.is_add() or override.is_force_add())
+        try:
+            OmegaConf.update(cfg, key, value, merge=True, force_add=not plain)
+        except (ConfigAttributeError, ConfigKeyError):
+            if not plain:
+                return None
+            return ConfigError(
+                f"{key!r} is not a config key (given {shown})",
+                hint="check the spelling; `python -m reprotrain.train --cfg job` lists every key "
+                f"(to add a new key on purpose, write +{key}=...)",
+                key=key,
+            )
+        except OmegaConfBaseException:
+            return None  # a value the key does not take: Hydra's first lines say which
+    return None
+
+
+def _unexplained(error: Exception, job: list[str]) -> ConfigError:
+    """Hydra's own words, one line: the first line of its error and of the error's cause
+    (`Error merging override a=b` keeps what was wrong with b in its cause)."""
+    causes = (error, error.__cause__)
+    reasons = [str(e).strip().splitlines()[0] for e in causes if e is not None and str(e).strip()]
     return ConfigError(
-        "; ".join(lines[:3]) + f" (overrides: {' '.join(job) or 'none'})",
+        "; ".join(reasons) + f" (overrides: {' '.join(job) or 'none'})",
         hint="correct that override; `python -m reprotrain.train --cfg job` (or --cfg hydra) "
         "prints every key with its value",
     )

@@ -14,10 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from reprotrain.schema import validate
+from reprotrain.schema import PACKAGE_ROOT, validate  # PACKAGE_ROOT: the checkout
 from reprotrain.usercode import check_copy_has_files
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/reprotrain/ -> the checkout
 
 
 def find_root(start: Path | None = None) -> Path:

@@ -4,10 +4,12 @@ Two kinds of section:
 
 - **Fixed sections** (`device`, `train`, `tracking`, `runtime`) are pydantic models below:
   a wrong type, an unknown key or an out-of-range value is one `ConfigError` line naming
-  the key, the value given and what is allowed. A default is changed in conf/ (the YAML of
-  the section's default option, what `--cfg job` prints and DVC composes); the one here
-  must equal it (tests/test_config.py checks every key) and fills in a key that a config
-  recorded before the key existed lacks (`python -m reprotrain.reproduce`).
+  the key, the value given and what is allowed. The models hold types, ranges and what each
+  key means; every default lives in conf/ only, in the YAML of the option conf/config.yaml's
+  defaults list picks for the section (what `--cfg job` prints and DVC composes).
+  `section_defaults` reads it (OmegaConf, no Hydra): it fills in a key that a config recorded
+  before the key existed lacks (`python -m reprotrain.reproduce`), and `train_config` builds
+  the train section of a run made in Python (`reprotrain.Trainer(..., batch_size=64)`).
 - **`_target_` sections** (`model`, `data`, `loss`, `optimizer`, `scheduler`) name a Python
   callable, Hydra's convention (`hydra.utils.instantiate`). `check_target` imports it and
   binds the given keys to its signature, so a key the callable does not take, or a target
@@ -19,10 +21,13 @@ recorded `config.yaml`) and returns a typed `Config`.
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import math
 import re
 import types
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import torch
@@ -41,6 +46,9 @@ from pydantic import (
 from reprotrain.errors import ConfigError
 from reprotrain.trust import KINDS, check_function
 
+# The checkout (src/reprotrain/ -> ..): its conf/ holds the defaults of the fixed sections.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_CONF = PACKAGE_ROOT / "conf"
 # Keys Hydra's instantiate reads itself; never passed to the target.
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 # Keys reprotrain reads in a target section, never passed to the target (see conf/).
@@ -70,8 +78,8 @@ class Section(BaseModel):
 
 
 class DeviceConfig(Section):
-    type: str = "auto"  # auto -> cuda, else mps, else cpu; "cuda:1" is read as cuda, index 1
-    index: NonNegativeInt | None = None  # which GPU; None = the current one (cuda:0)
+    type: str  # auto -> cuda, else mps, else cpu; "cuda:1" is read as cuda, index 1
+    index: NonNegativeInt | None  # which GPU; None = the current one (cuda:0)
 
     @field_validator("type")
     @classmethod
@@ -82,47 +90,50 @@ class DeviceConfig(Section):
 
 
 class EarlyStoppingConfig(Section):
+    """train.early_stopping: null (off) or these keys; its defaults live here, the one place,
+    since the section's YAML leaves it null."""
+
     patience: PositiveInt = 3  # validations without improvement before the run stops
     min_delta: NonNegative = 0.0  # an improvement must exceed this
 
 
 class TrainConfig(Section):
-    steps: PositiveInt | None = 500  # optimizer steps; or null and set epochs
-    epochs: PositiveInt | None = None
-    batch_size: PositiveInt = 64  # per process
-    seed: Seed = 0
-    log_every: PositiveInt = 25  # one host sync per N steps, not per step
-    warmup_steps: NonNegativeInt = 10  # kept out of the timing summary
-    output_dir: str | None = None  # None: Hydra's run folder (each sweep job its own)
-    checkpoint_dir: str = "outputs/checkpoints"  # <run id>.pt, found again by train.resume
-    deterministic: bool = True
-    progress: Literal["auto", "bar", "lines", "off"] = "auto"
-    resident_data: Literal["auto"] | bool = "auto"  # the whole dataset on the device
-    num_workers: NonNegativeInt = 0  # DataLoader worker processes (streamed data only)
-    pin_memory: bool = True  # page-locked host batches for faster copies to a GPU
-    persistent_workers: bool = False  # keep DataLoader workers between epochs
-    threads: Literal["auto"] | PositiveInt = "auto"  # auto: the CPUs this process may use
-    checkpoint_every: NonNegativeInt = 0  # steps between checkpoints (0: no step cadence)
-    checkpoint_every_s: NonNegative = 60.0  # seconds between them (0: no time cadence)
+    steps: PositiveInt | None  # optimizer steps; or null and set epochs
+    epochs: PositiveInt | None
+    batch_size: PositiveInt  # per process
+    seed: Seed
+    log_every: PositiveInt  # one host sync per N steps, not per step
+    warmup_steps: NonNegativeInt  # kept out of the timing summary
+    output_dir: str | None  # None: Hydra's run folder (each sweep job its own)
+    checkpoint_dir: str  # <run id>.pt, found again by train.resume
+    deterministic: bool
+    progress: Literal["auto", "bar", "lines", "off"]
+    resident_data: Literal["auto"] | bool  # the whole dataset on the device
+    num_workers: NonNegativeInt  # DataLoader worker processes (streamed data only)
+    pin_memory: bool  # page-locked host batches for faster copies to a GPU
+    persistent_workers: bool  # keep DataLoader workers between epochs
+    threads: Literal["auto"] | PositiveInt  # auto: the CPUs this process may use
+    checkpoint_every: NonNegativeInt  # steps between checkpoints (0: no step cadence)
+    checkpoint_every_s: NonNegative  # seconds between them (0: no time cadence)
     # Data-parallel training (torchrun): processes per machine, collective backend, timeout.
-    nproc: Literal["auto"] | PositiveInt = 1  # runtime=docker starts torchrun with this many
-    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on the CPU
-    dist_timeout_s: Positive = 300.0  # a collective that waits longer fails the run
-    resume: str | None = None  # an MLflow run id, or "last", to continue from its checkpoint
-    nonfinite: Literal["stop", "warn"] = "stop"  # a NaN/inf loss: stop (FAILED) or log and go on
-    objective: str = "val/loss"  # val/loss, train/loss or val/<metric>: sweeps, best, stopping
+    nproc: Literal["auto"] | PositiveInt  # runtime=docker starts torchrun with this many
+    backend: Literal["auto", "nccl", "gloo"]  # auto: nccl on CUDA, gloo on the CPU
+    dist_timeout_s: Positive  # a collective that waits longer fails the run
+    resume: str | None  # an MLflow run id, or "last", to continue from its checkpoint
+    nonfinite: Literal["stop", "warn"]  # a NaN/inf loss: stop (FAILED) or log and go on
+    objective: str  # val/loss, train/loss or val/<metric>: sweeps, best, stopping
     # Validation during training, and what it drives
-    val_every: Literal["epoch"] | NonNegativeInt = 0  # steps between validations (0: at the end)
-    early_stopping: EarlyStoppingConfig | None = None  # stop when the objective stalls
-    keep_best: bool = False  # outputs and MLflow Model from the best validation's weights
+    val_every: Literal["epoch"] | NonNegativeInt  # steps between validations (0: at the end)
+    early_stopping: EarlyStoppingConfig | None  # stop when the objective stalls
+    keep_best: bool  # outputs and MLflow Model from the best validation's weights
     # The step's knobs
-    clip_grad_norm: Positive | None = None  # clip the gradients' total norm before each step
-    accumulate_grad_batches: PositiveInt = 1  # micro-batches per optimizer step
-    # Fast paths that change how (or in what precision) the step is computed: off by default.
-    compile: bool = False  # torch.compile the model (forward and backward)
-    cuda_graphs: bool = False  # capture the whole step once, replay it every step (CUDA)
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # forward and loss under autocast
-    tf32: bool = False  # TF32 tensor-core matmuls (CUDA, Ampere and newer)
+    clip_grad_norm: Positive | None  # clip the gradients' total norm before each step
+    accumulate_grad_batches: PositiveInt  # micro-batches per optimizer step
+    # Fast paths that change how (or in what precision) the step is computed: off in conf/.
+    compile: bool  # torch.compile the model (forward and backward)
+    cuda_graphs: bool  # capture the whole step once, replay it every step (CUDA)
+    precision: Literal["fp32", "bf16", "fp16"]  # forward and loss under autocast
+    tf32: bool  # TF32 tensor-core matmuls (CUDA, Ampere and newer)
 
     @field_validator("resume")
     @classmethod
@@ -133,25 +144,23 @@ class TrainConfig(Section):
 
 
 class TrackingConfig(Section):
-    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db
-    experiment: Annotated[str, Field(min_length=1, pattern=r"\S")] = "reprotrain"
-    run_name: str | None = None  # None: <model>-<optimizer>-<device>, plus what a sweep varies
-    enabled: bool = True
-    flush_every_s: Positive = 5.0  # send buffered metrics at least this often
-    connect_timeout_s: Positive = 5.0
-    loss_every: PositiveInt = 1  # train/loss points: every step (1) or the mean of N steps
-    log_model: bool = True  # an MLflow Model under `model` (mlflow.pytorch.load_model)
-    system_metrics: bool = True  # MLflow's system/* metrics: CPU, memory, GPU (every 10 s)
-    register_as: str | None = None  # also register that model under this name
+    uri: str | None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db
+    experiment: Annotated[str, Field(min_length=1, pattern=r"\S")]
+    run_name: str | None  # None: <model>-<optimizer>-<device>, plus what a sweep varies
+    enabled: bool
+    flush_every_s: Positive  # send buffered metrics at least this often
+    connect_timeout_s: Positive
+    loss_every: PositiveInt  # train/loss points: every step (1) or the mean of N steps
+    log_model: bool  # an MLflow Model under `model` (mlflow.pytorch.load_model)
+    system_metrics: bool  # MLflow's system/* metrics: CPU, memory, GPU (every 10 s)
+    register_as: str | None  # also register that model under this name
 
 
 class RuntimeConfig(Section):
-    mode: Literal["auto", "docker", "local"] = "auto"
-    shm_size: str = "1g"  # DataLoader workers share batches through /dev/shm
-    cpus: Positive | None = None
-    network: Literal["auto", "none", "host"] = (
-        "auto"  # auto: none unless the store is on the network
-    )
+    mode: Literal["auto", "docker", "local"]
+    shm_size: str  # DataLoader workers share batches through /dev/shm
+    cpus: Positive | None  # --cpus for the container; None: no quota
+    network: Literal["auto", "none", "host"]  # auto: none unless the store is on the network
 
 
 class OptimizerRanges(BaseModel):
@@ -206,6 +215,46 @@ FIXED = {
 TARGETS = ("model", "data", "loss", "optimizer", "scheduler")
 
 
+def section_defaults(section: str) -> dict[str, Any]:
+    """A fixed section's defaults: the YAML of the option that conf/config.yaml's defaults
+    list names for it (`train: default` -> conf/train/default.yaml), read once with OmegaConf;
+    no Hydra composition, so it needs no initialised Hydra. A fresh copy on each call."""
+    return copy.deepcopy(_section_defaults(section))
+
+
+@functools.cache
+def _section_defaults(section: str) -> dict[str, Any]:
+    if section not in FIXED:
+        raise ValueError(f"section_defaults({section!r}): allowed: {', '.join(FIXED)}")
+    option = _default_options()[section]
+    tree = OmegaConf.to_container(OmegaConf.load(PACKAGE_CONF / section / f"{option}.yaml"))
+    assert isinstance(tree, dict)
+    return tree
+
+
+@functools.cache
+def _default_options() -> dict[str, str]:
+    """Group -> option, from conf/config.yaml's defaults list (`- train: default`)."""
+    entries = OmegaConf.load(PACKAGE_CONF / "config.yaml").get("defaults") or []
+    return {
+        str(group): str(option)
+        for entry in entries
+        if isinstance(entry, DictConfig)
+        for group, option in entry.items()
+    }
+
+
+def train_config(**knobs: Any) -> TrainConfig:
+    """The train section of a run made in Python (`reprotrain.Trainer(..., batch_size=64)`):
+    conf/train/default.yaml's values with `knobs` over them, checked. A wrong or unknown knob
+    is one ConfigError line naming the keyword (`batch_size=0`)."""
+    node = {**section_defaults("train"), **knobs}
+    try:
+        return TrainConfig(**node)
+    except ValidationError as error:
+        raise _one_line("train", error, node, keyword=True) from None
+
+
 def validate(cfg: DictConfig | dict) -> Config:
     """Check a composed config; return it typed, or raise one ConfigError line."""
     tree = _resolved(cfg)
@@ -215,6 +264,7 @@ def validate(cfg: DictConfig | dict) -> Config:
         raise ConfigError(
             f"{unknown[0]}={tree[unknown[0]]!r} is not a config section or key; allowed: {allowed}",
             hint="remove it or fix the spelling (`python -m reprotrain.train --cfg job` lists every key)",
+            key=unknown[0],
         )
     sections: dict[str, Any] = {}
     for name, schema in FIXED.items():
@@ -414,6 +464,7 @@ def _bind(
                     f"allowed: {', '.join(names) or 'none'}",
                     hint=f"remove {section}.{key} or fix the spelling "
                     f"(`~{section}.{key}` on the command line)",
+                    key=f"{section}.{key}",
                 )
     for param in named:
         if param in by_position or param.default is not param.empty:
@@ -422,6 +473,7 @@ def _bind(
             raise ConfigError(
                 f"{section}.{param.name} is missing: {path} needs it",
                 hint=f"add it to the {section} YAML or give +{section}.{param.name}=...",
+                key=f"{section}.{param.name}",
             )
     for param in named:
         if param.name in kwargs and param not in by_position:
@@ -442,6 +494,7 @@ def _check_number(section: str, path: str, param: inspect.Parameter, value: Any)
         f"{section}.{param.name}={value!r} is not {allowed}; allowed: {allowed} "
         f"({path} takes {param.name}{default})",
         hint=f"give {section}.{param.name}=<{allowed}>",
+        key=f"{section}.{param.name}",
     )
 
 
@@ -478,6 +531,8 @@ def _fixed(name: str, schema: type[Section], node: Any) -> Section:
             f"config section {name!r} is missing or not a mapping (got {node!r})",
             hint=f"compose from conf/ or give {name}=<option> with an option from conf/{name}/",
         )
+    # A config recorded before a key existed lacks it: the key takes conf/'s default.
+    node = {**section_defaults(name), **node}
     try:
         return schema(**node)
     except ValidationError as error:
@@ -506,30 +561,37 @@ def _target_node(name: str, node: Any) -> dict[str, Any]:
     return node
 
 
-def _one_line(section: str, error: ValidationError, node: dict[str, Any]) -> ConfigError:
+def _one_line(
+    section: str, error: ValidationError, node: dict[str, Any], keyword: bool = False
+) -> ConfigError:
+    """The first thing pydantic refused, as `section.key=value ...` (a command line's
+    spelling), or `key=value ...` for a keyword argument (`keyword`: train_config)."""
     first = error.errors()[0]
     key = str(first["loc"][0]) if first["loc"] else "?"  # the field, not the union member
     full = f"{section}.{key}"
+    named = key if keyword else full
     given = node.get(str(first["loc"][0]), first.get("input")) if first["loc"] else node
     if first["type"] == "extra_forbidden":
-        schema = {**FIXED}.get(section)
+        schema = FIXED.get(section)
         allowed = ", ".join(schema.model_fields) if schema else "see conf/"
+        listed = f"conf/{section}/" if keyword else "`python -m reprotrain.train --cfg job`"
         return ConfigError(
-            f"{full}={given!r} is not a setting of {section}; allowed: {allowed}",
-            hint="remove it or fix the spelling (`python -m reprotrain.train --cfg job` lists every key)",
+            f"{named}={given!r} is not a setting of {section}; allowed: {allowed}",
+            hint=f"remove it or fix the spelling ({listed} lists every key)",
+            key=full,
         )
     allowed = _allowed_text(first)
     if key == "betas":
         allowed = "two numbers in [0, 1), e.g. [0.9,0.999]"
     elif key in ("threads", "resident_data"):
         allowed = "auto or an integer >= 1" if key == "threads" else "auto, true or false"
-    if first["type"].split("_")[0] in ("int", "float", "bool", "string") and not first[
-        "type"
-    ].startswith("string_pattern"):
-        return ConfigError(f"{full}={given!r} is not {allowed}", hint=f"give {full}=<{allowed}>")
-    return ConfigError(
-        f"{full}={given!r} is out of range; allowed: {allowed}", hint=f"give {full}=<{allowed}>"
-    )
+    fix = f"pass {named}=<{allowed}>" if keyword else f"give {named}=<{allowed}>"
+    kind = first["type"]
+    if kind.split("_")[0] in ("int", "float", "bool", "string") and not kind.startswith(
+        "string_pattern"
+    ):
+        return ConfigError(f"{named}={given!r} is not {allowed}", hint=fix, key=full)
+    return ConfigError(f"{named}={given!r} is out of range; allowed: {allowed}", hint=fix, key=full)
 
 
 def _allowed_text(detail: dict[str, Any]) -> str:

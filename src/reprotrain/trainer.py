@@ -30,12 +30,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from reprotrain import fastpaths
 from reprotrain.callbacks import Callback, EarlyStopping, improved
@@ -46,19 +46,13 @@ from reprotrain.data.batches import (
     val_batches,
     validation_batch_size,
 )
+from reprotrain.data.splits import MapDataset
 from reprotrain.devices import resolve_device, synchronize
 from reprotrain.errors import ConfigError, UserError
 from reprotrain.metrics import Metric, higher_is_better
 from reprotrain.metrics import compute as compute_metrics
 from reprotrain.progress import Progress
-from reprotrain.schema import TrainConfig
-
-try:  # TEMP until schema.train_config lands
-    from reprotrain.schema import train_config
-except ImportError:
-
-    def train_config(**knobs: Any) -> TrainConfig:
-        return TrainConfig(**knobs)
+from reprotrain.schema import TrainConfig, train_config
 
 
 from reprotrain.step import LossFn, Scheduler, evaluate, move_batch_to_device
@@ -72,16 +66,20 @@ TIMING_KEYS = ("samples_per_s", "step_ms_median", "checkpoint_s", *(f"{p}_ms_mea
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Scheduler]
-Data = Dataset | DataLoader
+Data = MapDataset | DataLoader
 
 
 class Ranks(Protocol):
-    """This process's place in a torchrun job (distributed.Group)."""
+    """This process's place in a torchrun job (distributed.Group), read only."""
 
-    rank: int
-    world_size: int
-    main: bool
-    active: bool
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def main(self) -> bool: ...
+    @property
+    def active(self) -> bool: ...
 
     def mean(self, values: torch.Tensor) -> torch.Tensor: ...
     def any(self, flag: bool, device: torch.device) -> bool: ...
@@ -176,10 +174,10 @@ class Trainer:
         self.task: Task = (task or Classification()).bind(self.model)
         loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
         self.loss_fn = loss_fn.to(self.device) if isinstance(loss_fn, nn.Module) else loss_fn
-        self.scheduler = (
-            scheduler(self.optimizer)
-            if scheduler is not None and not _is_scheduler(scheduler)
-            else scheduler
+        self.scheduler: Scheduler | None = (
+            scheduler
+            if scheduler is None or isinstance(scheduler, Scheduler)
+            else scheduler(self.optimizer)  # a factory taking the optimizer
         )
         plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         self.scheduler_interval = "validation" if plateau or monitor else scheduler_interval
@@ -267,7 +265,7 @@ class Trainer:
         if self.scheduler is not None and (
             interval == "step" or (interval == "epoch" and self.step % self.epoch_length == 0)
         ):
-            self.scheduler.step()  # type: ignore[call-arg]  # not a plateau: no figure
+            self.scheduler.step()  # not a plateau (that one is stepped on validation)
         return loss
 
     def fit(
@@ -378,7 +376,9 @@ class Trainer:
             self.best.keep(self.model)
         if self.scheduler_interval == "validation" and self.scheduler is not None:
             figure = self.monitor or "val/loss"
-            self.scheduler.step(values[figure])  # type: ignore[arg-type]  # a plateau's figure
+            # A metric-driven scheduler's step takes the figure: torch's ReduceLROnPlateau
+            # overrides LRScheduler.step(epoch) with step(metrics) (type: ignore[override] there).
+            self.scheduler.step(values[figure])  # type: ignore[arg-type]
         self.call("on_validation_end", values)
         return values
 
@@ -533,10 +533,6 @@ class Trainer:
         self.nonfinite = [i + 1 for i, v in enumerate(self.losses) if not np.isfinite(v)]
 
 
-def _is_scheduler(value: Any) -> bool:
-    return isinstance(value, torch.optim.lr_scheduler.LRScheduler)
-
-
 def _named(callbacks: Iterable[Callback] | Mapping[str, Callback]) -> dict[str, Callback]:
     """Callbacks by name: a mapping's keys, else each one's class name (numbered if repeated)."""
     if isinstance(callbacks, Mapping):
@@ -557,7 +553,7 @@ def _from_loaders(
     val_data: Data | None,
     collate_fn: Callable[[list[Any]], Any] | None,
     knobs: dict[str, Any],
-) -> tuple[Dataset, Dataset | None, Callable[[list[Any]], Any] | None, dict[str, Any]]:
+) -> tuple[MapDataset, MapDataset | None, Callable[[list[Any]], Any] | None, dict[str, Any]]:
     """A DataLoader's dataset, and its batch size, workers and collate function as the
     knobs (those given as keyword arguments win)."""
     if isinstance(train_data, DataLoader):
@@ -567,9 +563,10 @@ def _from_loaders(
         knobs.setdefault("num_workers", loader.num_workers)
         if collate_fn is None and loader.collate_fn is not torch.utils.data.default_collate:
             collate_fn = loader.collate_fn
-        train_data = loader.dataset
+        # A map-style dataset's loader (torch types `.dataset` as a Dataset, with no __len__)
+        train_data = cast(MapDataset, loader.dataset)
     if isinstance(val_data, DataLoader):
-        val_data = val_data.dataset
+        val_data = cast(MapDataset, val_data.dataset)
     return train_data, val_data, collate_fn, knobs
 
 
