@@ -11,7 +11,13 @@
 #
 # Real users never need this: Dockerfile.cpu and Dockerfile.cuda default to the official
 # python:3.11-slim-bookworm image. This script exists for CI machines that reach PyPI and a
-# Debian mirror but no container registry. It needs root, debootstrap and a running Docker engine.
+# Debian mirror but no container registry. It needs root, mmdebstrap (or debootstrap) and a
+# running Docker engine.
+#
+# mmdebstrap is preferred: it fetches the packages with apt in parallel and installs them in a few
+# dpkg calls, about twice as fast as debootstrap's one wget and one dpkg call per package (on a
+# 2-core CI machine: ~40 s against ~65 s). Both make the same minbase system. dpkg's
+# force-unsafe-io skips the fsync after each file: a crash mid-build only means building again.
 #
 # Why the host's CA bundle is copied in: on such machines HTTPS often goes through a
 # proxy whose CA the host trusts; pip inside the build must trust it too. The bundle lives in
@@ -41,14 +47,22 @@ done
 
 say() { echo "build-base-image: $*" >&2; }
 
-for tool in docker debootstrap tar; do
+for tool in docker tar; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        say "'$tool' not found (install it: apt-get install docker.io debootstrap)"
+        say "'$tool' not found (install it: apt-get install docker.io mmdebstrap)"
         exit 1
     fi
 done
+if command -v mmdebstrap >/dev/null 2>&1; then
+    bootstrap=mmdebstrap
+elif command -v debootstrap >/dev/null 2>&1; then
+    bootstrap=debootstrap
+else
+    say "neither mmdebstrap nor debootstrap found (install one: apt-get install mmdebstrap)"
+    exit 1
+fi
 if [ "$(id -u)" -ne 0 ]; then
-    say "debootstrap needs root (run with sudo)"
+    say "$bootstrap needs root (run with sudo)"
     exit 1
 fi
 if ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
@@ -64,11 +78,24 @@ fi
 rootfs="$(mktemp -d /tmp/reprotrain-base.XXXXXX)"
 trap 'rm -rf "$rootfs"' EXIT
 
-say "debootstrap $SUITE (minbase + python3, venv, pip, ca-certificates) into $rootfs from $MIRROR"
+# python3-venv brings ensurepip's pip wheel: the images make their own venv, so no system pip.
+packages=python3,python3-venv,ca-certificates
+say "$bootstrap $SUITE (minbase + $packages) into $rootfs from $MIRROR"
 start=$(date +%s)
-debootstrap --variant=minbase \
-    --include=python3,python3-venv,python3-pip,ca-certificates \
-    "$SUITE" "$rootfs" "$MIRROR" >&2
+if [ "$bootstrap" = mmdebstrap ]; then
+    # merged-usr hook: /bin -> usr/bin with usr-is-merged, as debootstrap does, instead of the
+    # usrmerge package (and the perl it pulls in).
+    mmdebstrap --variant=minbase --include="$packages" --format=directory \
+        --dpkgopt=force-unsafe-io --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+        "$SUITE" "$rootfs" "$MIRROR" >&2
+    rm -f "$rootfs/etc/dpkg/dpkg.cfg.d/99mmdebstrap" # the build's dpkg option, not the image's
+else
+    # In two stages, so that dpkg in the second one runs with force-unsafe-io.
+    debootstrap --variant=minbase --include="$packages" --foreign "$SUITE" "$rootfs" "$MIRROR" >&2
+    echo force-unsafe-io >"$rootfs/etc/dpkg/dpkg.cfg.d/reprotrain-build-unsafe-io"
+    chroot "$rootfs" /debootstrap/debootstrap --second-stage >&2
+    rm -f "$rootfs/etc/dpkg/dpkg.cfg.d/reprotrain-build-unsafe-io"
+fi
 
 if [ -f "$HOST_CA_BUNDLE" ]; then
     say "copying the host's CA bundle into the base (trusts this machine's HTTPS proxy)"

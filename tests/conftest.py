@@ -1,16 +1,26 @@
-"""Shared fixtures: a real sqlite MLflow store in a temporary folder, and a helper that runs
-`python -m reprotrain.train` as a real child process, the way a user does."""
+"""Shared fixtures: a real sqlite MLflow store in a temporary folder; reprotrain's scripts
+called in this process (`here`: InProcess, for the core tier); and helpers that run them as
+real child processes, the way a user does (for the e2e tier).
+
+Two tiers: `pytest -m "not e2e"` is the core, in this process (a core test that starts a
+Python, a container or a browser fails: see STARTED); `pytest -m e2e` keeps what only a real
+process or part shows (exit codes after signals, kill -9, torchrun, dvc, Docker, the servers,
+the browser, the external workloads). `pytest` runs both."""
 
 from __future__ import annotations
 
+import gc
+import importlib
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +64,27 @@ def require_chromium() -> str:
     return path
 
 
+TEMP: list[pytest.TempPathFactory] = []  # this test process's tmp_path_factory
+SCHEMA: list[Path] = []  # an empty store, made once per test process
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_folders(tmp_path_factory: pytest.TempPathFactory) -> None:
+    TEMP.append(tmp_path_factory)
+
+
+def empty_store_file() -> Path:
+    """An empty sqlite store with MLflow's schema, made on first use (a fresh one takes a
+    second or more: MLflow's migrations) and copied for each new store a test opens."""
+    if not SCHEMA:
+        from reprotrain.tracking import prepare_store
+
+        template = Store(TEMP[0].mktemp("schema"))
+        prepare_store(template.uri)
+        SCHEMA.append(template.path)
+    return SCHEMA[0]
+
+
 class Store:
     """A sqlite MLflow store read back through MlflowClient."""
 
@@ -63,8 +94,11 @@ class Store:
 
     @property
     def client(self):
+        """MLflow's client of the store; a store not made yet is made first, as MLflow makes
+        it (a copy of an empty one: create_from)."""
         from mlflow.tracking import MlflowClient
 
+        self.create_from(empty_store_file())
         return MlflowClient(self.uri)
 
     def runs(self, experiment: str = "reprotrain") -> list:
@@ -85,6 +119,14 @@ class Store:
     def statuses(self) -> list[str]:
         return [r.info.status for r in self.runs()]
 
+    def create_from(self, schema: Path) -> Store:
+        """Make a new store as a copy of an empty one (empty_store_file): what MLflow would
+        create on first use, without its migrations' seconds. An existing store is kept."""
+        if not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(schema, self.path)
+        return self
+
 
 # Module-scoped fixtures worth building once (a dvc repro in a container, servers, a trained
 # project): under pytest-xdist (-n, --dist loadgroup) the tests that use one run in one worker.
@@ -97,12 +139,75 @@ SHARED_FIXTURES = {
 }
 
 
+# Markers whose tests always start a container or a browser: those tests are e2e too.
+E2E_CAPABILITIES = ("docker", "browser")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = getattr(item, "fixturenames", ())
         for group in sorted({SHARED_FIXTURES[name] for name in used if name in SHARED_FIXTURES}):
             item.add_marker(pytest.mark.xdist_group(group))
+        if any(item.get_closest_marker(m) for m in E2E_CAPABILITIES):
+            item.add_marker(pytest.mark.e2e)
+
+
+# The core tier (every test not marked e2e) runs in this process. A core test that starts a
+# Python interpreter (the app, torchrun, dvc, an mlflow server, ...), a container or a browser
+# fails, naming what it started; tools the code under test calls (git, `docker version`) may run.
+STARTED: list[list[str]] = []
+CORE_TEST_RUNNING = False
+
+
+def _starts_a_process_of_its_own(program: str, argv: list[str]) -> bool:
+    path = shutil.which(program) or program
+    name = Path(path).name
+    if name.startswith("python") or name in ("chromium", "chromium-browser"):
+        return True
+    if name == "docker":
+        return any(word in ("run", "build", "buildx", "create", "start", "exec") for word in argv)
+    try:
+        with open(path, "rb") as handle:
+            return b"python" in handle.readline(200)  # a script run by Python (dvc, torchrun)
+    except OSError:
+        return False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event != "subprocess.Popen" or not CORE_TEST_RUNNING:
+        return
+    executable, argv = args[0], args[1]
+    argv = [argv] if isinstance(argv, str | bytes | os.PathLike) else list(argv)
+    argv = [os.fsdecode(a) for a in argv]
+    if argv and _starts_a_process_of_its_own(os.fsdecode(executable or argv[0]), argv):
+        STARTED.append(argv)
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    global CORE_TEST_RUNNING
+    STARTED.clear()
+    CORE_TEST_RUNNING = item.get_closest_marker("e2e") is None  # its fixtures included
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    global CORE_TEST_RUNNING
+    try:
+        return (yield)
+    finally:
+        CORE_TEST_RUNNING = False
+        if STARTED and item.get_closest_marker("e2e") is None:
+            started = "; ".join(" ".join(argv)[:200] for argv in STARTED)
+            STARTED.clear()
+            pytest.fail(
+                f"a core test runs in this process: mark it e2e, or start nothing: {started}"
+            )
 
 
 @pytest.fixture(autouse=True)
@@ -341,28 +446,131 @@ def make_project(dest: Path, runtime: str, *, child_defaults: bool = True) -> Pa
 
 @dataclass
 class Exited:
-    """How `python -m reprotrain.train` ended when this test's process ran its main()."""
+    """How `python -m reprotrain.<script>` ended when this test's process ran its main()."""
 
     returncode: int
     stderr: str
+    stdout: str = ""
 
 
-@pytest.fixture
-def app_in_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> Iterator[Callable[..., Exited]]:
-    """The training script's main() (the one `python -m reprotrain.train` runs), called in
-    this process in tmp_path with the child defaults: for what a process shows before its
-    first step (one-line errors), without an interpreter start-up per case. What the app
-    sets for the rest of a process (torch threads and determinism, signal handlers, Hydra's
-    global state and logging, sys.path, a user package imported from tmp_path) is put back
-    afterwards."""
+class InProcess:
+    """reprotrain's command-line entry points called in this process, the way their
+    `python -m` runs them: the training script's main() (`app`, `train`) and the other
+    scripts' main(argv) (`module`). What a call sets for the rest of a process (torch threads
+    and determinism, signal handlers, Hydra's global state and logging, sys.path, the working
+    directory, a user package imported from the test's folders) is put back when the test
+    ends; the environment is the one a child gets (child_env), restored by
+    environment_restored. One place to switch once reprotrain.train() is the library API."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str] | None = None,
+    ) -> None:
+        """`capfd`: what a call prints is its Exited's stdout and stderr (else left printed)."""
+        self.tmp_path, self.monkeypatch, self.capfd = tmp_path, monkeypatch, capfd
+        for name in [k for k in os.environ if k.startswith(("MLFLOW_", "DVC_", "HYDRA_"))]:
+            monkeypatch.delenv(name)  # what child_env() leaves out
+        monkeypatch.delenv("REPROTRAIN_RUN_ID", raising=False)
+        monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        monkeypatch.chdir(tmp_path)
+
+    def call(self, function: Callable[[], object], cwd: Path | None = None) -> Exited:
+        """function() in `cwd` (tmp_path), with `python -m`'s working directory on sys.path;
+        a SystemExit is its exit code, anything else raised goes to the test."""
+        from hydra.core.global_hydra import GlobalHydra
+
+        folder = Path(cwd or self.tmp_path)
+        self.monkeypatch.chdir(folder)
+        sys.path.insert(0, str(folder))  # what `python -m` does with the working directory
+        forget_user_packages(folder)  # a package of the same name from another folder
+        if self.capfd is not None:
+            self.capfd.readouterr()
+        try:
+            function()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        finally:
+            GlobalHydra.instance().clear()
+        out, err = self.capfd.readouterr() if self.capfd is not None else ("", "")
+        if not FROZEN:  # after the first call, torch, MLflow and Hydra are imported
+            freeze_what_is_imported()
+        return Exited(code, err, out)
+
+    def app(self, *args: str, defaults: bool = True, cwd: Path | None = None) -> Exited:
+        """`python -m reprotrain.train ARGS` (with CHILD_DEFAULTS unless `defaults=False`)."""
+        argv = with_child_defaults(args) if defaults else list(args)
+        self.monkeypatch.setattr(sys, "argv", ["reprotrain.train", *argv])
+        return self.call(importlib.import_module("reprotrain.train").main, cwd)
+
+    def train(
+        self,
+        folder: Path,
+        store: Store,
+        *overrides: str,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Exited:
+        """conftest.train in this process: the Hydra app in `folder` on `store` (its schema
+        copied in when the file is new), writing under folder/results, with the child
+        defaults; `env` is added to the environment."""
+        self.prepare(store)
+        for name, value in (env or {}).items():
+            self.monkeypatch.setenv(name, value)
+        args = train_args(folder, store.uri, *overrides)[3:]  # without `python -m reprotrain.train`
+        result = self.app(*args, defaults=False, cwd=folder)
+        if check:
+            assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    def prepare(self, store: Store) -> Store:
+        """`store` with MLflow's schema, as the first run on it leaves it (Store.create_from)."""
+        return store.create_from(empty_store_file())
+
+    def module(self, name: str, *args: str, cwd: Path | None = None) -> Exited:
+        """`python -m reprotrain.NAME ARGS` (runs, replay, reproduce, evaluate, prepare)."""
+        main = importlib.import_module(f"reprotrain.{name}").main
+        return self.call(lambda: main(list(args)), cwd)
+
+
+FROZEN: list[bool] = []
+
+
+def freeze_what_is_imported() -> None:
+    """Leave the objects the imports made (torch, MLflow, Hydra: millions) out of Python's
+    later full garbage collections, as the app does at exit (cli.main: gc.freeze): each
+    in-process run would otherwise walk them again (about a tenth of the core tier's time)."""
+    gc.collect()
+    gc.freeze()
+    FROZEN.append(True)
+
+
+def forget_user_packages(*folders: Path) -> None:
+    """Drop imported modules that a user's folder holds (the test's folders, and the temporary
+    folders MLflow loads a model's code from): the next import finds the package of the folder
+    a run starts in. reprotrain's and the tests' own modules stay."""
+    places = [str(folder) for folder in folders] + [tempfile.gettempdir()]
+    for name, module in list(sys.modules.items()):
+        file = str(getattr(module, "__file__", None) or "")
+        if file.startswith(tuple(places)) and not file.startswith(str(ROOT)):
+            del sys.modules[name]
+
+
+@contextmanager
+def process_state_kept(folder: Path) -> Iterator[None]:
+    """What the scripts set for the rest of a process, put back at the end: torch threads and
+    determinism, SIGINT and SIGTERM handlers, sys.path, the root logger, MLflow's tracking URI,
+    and the modules imported from `folder` (a user package)."""
     import torch
-    from hydra.core.global_hydra import GlobalHydra
+    from mlflow.tracking._tracking_service import utils as mlflow_tracking
 
-    from reprotrain.cli import main
+    # A run ended with $MLFLOW_TRACKING_URI set leaves MLflow's process-wide URI set to that
+    # value (TrackedRun "restores" what mlflow.get_tracking_uri() said), which would outlive
+    # the variable; MLflow has no public call that unsets it.
+    tracking_uri = mlflow_tracking._tracking_uri
 
-    monkeypatch.chdir(tmp_path)
     saved = (
         torch.get_num_threads(),
         torch.are_deterministic_algorithms_enabled(),
@@ -371,39 +579,60 @@ def app_in_process(
         logging.root.level,
         list(logging.root.handlers),
     )
+    try:
+        yield
+    finally:
+        threads, deterministic, handlers, path, level, root_handlers = saved
+        torch.set_num_threads(threads)
+        if torch.are_deterministic_algorithms_enabled() != deterministic:
+            torch.use_deterministic_algorithms(deterministic)  # imports torch's compiler
+        for signum, handler in zip((signal.SIGINT, signal.SIGTERM), handlers, strict=True):
+            signal.signal(signum, handler)
+        sys.path[:] = path
+        forget_user_packages(folder)  # every module imported from under `folder`
+        for handler in logging.root.handlers[:]:
+            if handler not in root_handlers:
+                logging.root.removeHandler(handler)
+                handler.close()
+        logging.root.setLevel(level)
+        mlflow_tracking._tracking_uri = tracking_uri
 
-    def run(*args: str, defaults: bool = True) -> Exited:
-        argv = with_child_defaults(args) if defaults else list(args)
-        monkeypatch.setattr(sys, "argv", ["reprotrain.train", *argv])
-        sys.path.insert(0, str(tmp_path))  # what `python -m` does with the working directory
-        capfd.readouterr()
-        try:
-            main()
-            code = 0
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        finally:
-            GlobalHydra.instance().clear()
-        return Exited(code, capfd.readouterr().err)
 
-    yield run
-    threads, deterministic, handlers, path, level, root_handlers = saved
-    torch.set_num_threads(threads)
-    if (
-        torch.are_deterministic_algorithms_enabled() != deterministic
-    ):  # the call imports torch's compiler
-        torch.use_deterministic_algorithms(deterministic)
-    for signum, handler in zip((signal.SIGINT, signal.SIGTERM), handlers, strict=True):
-        signal.signal(signum, handler)
-    sys.path[:] = path
-    for name, module in list(sys.modules.items()):  # a user package of this test's folder
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
-    for handler in logging.root.handlers[:]:
-        if handler not in root_handlers:
-            logging.root.removeHandler(handler)
-            handler.close()
-    logging.root.setLevel(level)
+@contextmanager
+def mlflow_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking URI set to `uri` for a block (what `runs:/...` URIs are
+    resolved with, e.g. by mlflow.pytorch.load_model), then put back as it was."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as mlflow_tracking
+
+    before = mlflow_tracking._tracking_uri  # None: not set (no public call unsets it)
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow_tracking._tracking_uri = before
+
+
+@pytest.fixture
+def here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> Iterator[InProcess]:
+    """reprotrain's scripts in this process, in tmp_path (InProcess)."""
+    with process_state_kept(tmp_path):
+        yield InProcess(tmp_path, monkeypatch, capfd)
+
+
+@pytest.fixture
+def app_in_process(here: InProcess) -> Callable[..., Exited]:
+    """The training script's main() (the one `python -m reprotrain.train` runs), called in
+    this process in tmp_path with the child defaults (InProcess.app)."""
+    return here.app
+
+
+@pytest.fixture
+def train_here(here: InProcess) -> Callable[..., Exited]:
+    """conftest.train, in this process (InProcess.train): `train_here(folder, store, *overrides)`."""
+    return here.train
 
 
 @dataclass

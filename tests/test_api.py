@@ -4,6 +4,7 @@ Trainer on plain torch objects (README: "From Python")."""
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 import random
@@ -257,3 +258,11 @@ def test_readme_from_python_example_runs(tmp_path, monkeypatch):
     assert isinstance(result, reprotrain.Result) and result.status == "FINISHED"
     trainer = namespace["trainer"]
     assert isinstance(trainer, reprotrain.Trainer) and trainer.step > 0
+
+
+def test_reprotrain_train_is_the_call_even_once_the_script_module_is_imported(tmp_path):
+    """`python -m reprotrain.train` and the console script import the module of that name,
+    which then shadows the package's function attribute: calling it still trains."""
+    importlib.import_module("reprotrain.train")
+    with pytest.raises(reprotrain.ConfigError, match="train.batch_size=0"):
+        reprotrain.train(run_args(tmp_path, "train.batch_size=0"))

@@ -1,5 +1,6 @@
 """Every bad input: non-zero exit, one line naming what was wrong, no traceback, no run
-left RUNNING, no output written."""
+left RUNNING, no output written. The training script's main() runs in this process
+(conftest.InProcess); one case of each stage that can refuse also ends a real process (e2e)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Exited, Store, child_env, run_app, train
+from conftest import Exited, InProcess, Store, child_env, train
 
 CASES = {
     # overrides: a substring the one-line message must contain
@@ -121,7 +122,9 @@ CASES = {
 }
 
 
-def assert_clean_failure(result: subprocess.CompletedProcess, expected: str, store: Store) -> None:
+def assert_clean_failure(
+    result: Exited | subprocess.CompletedProcess, expected: str, store: Store
+) -> None:
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("reprotrain: error:")]
     assert len(errors) == 1, result.stderr[-3000:]
@@ -159,38 +162,60 @@ def test_bad_input_is_one_clear_line(
 
 
 # One case of each stage that can refuse, through a real process: what the exit code, the
-# absence of a traceback and the store show only from outside (the rest run in-process above).
-CHILD_CASES = ("negative lr", "unknown optimizer", "features mismatch", "missing data file")
+# absence of a traceback and the store show only from outside (the rest run in-process above):
+# Hydra's composition, the schema, the build, the data, and a store MLflow cannot use.
+CHILD_CASES = {
+    "negative lr": CASES["negative lr"],
+    "unknown optimizer": CASES["unknown optimizer"],
+    "features mismatch": CASES["features mismatch"],
+    "missing data file": CASES["missing data file"],
+    "unknown scheme": (
+        ["tracking.uri=foo://x"],
+        "tracking.uri='foo://x': MLflow cannot use this store",
+    ),
+    "databricks without credentials": (
+        ["tracking.uri=databricks"],
+        "tracking.uri='databricks': MLflow cannot use this store",
+    ),
+}
 
 
-@pytest.mark.parametrize("case", CHILD_CASES)
-def test_bad_input_ends_the_process_with_one_line(tmp_path: Path, store: Store, case) -> None:
-    overrides, expected = CASES[case]
-    result = train(tmp_path, store, "experiment=smoke", *overrides, check=False, timeout=120)
-    assert_clean_failure(result, expected, store)
-    assert_nothing_written(tmp_path)
-
-
-def test_unreachable_server_is_reported_within_ten_seconds(tmp_path: Path, store: Store) -> None:
-    started = time.monotonic()
-    result = train(
-        tmp_path, store, "experiment=smoke", "tracking.uri=http://127.0.0.1:9", check=False
-    )
-    assert_clean_failure(result, "http://127.0.0.1:9", store)
-    # the check itself has a 5 s timeout; the rest is interpreter start-up
-    assert time.monotonic() - started < 30
-
-
-def test_full_traceback_on_request(tmp_path: Path, store: Store) -> None:
+@pytest.mark.e2e
+@pytest.mark.parametrize("overrides,expected", CHILD_CASES.values(), ids=CHILD_CASES.keys())
+def test_bad_input_ends_the_process_with_one_line(
+    tmp_path: Path, store: Store, overrides, expected
+) -> None:
     result = train(
         tmp_path,
         store,
         "experiment=smoke",
-        "optimizer.lr=-1",
+        *overrides,
         check=False,
-        env=child_env(HYDRA_FULL_ERROR="1"),
+        timeout=120,
+        env=no_databricks_credentials(tmp_path),
     )
-    assert result.returncode != 0 and "Traceback" in result.stderr
+    assert_clean_failure(result, expected, store)
+    assert not re.search(r"^step \d", result.stderr, re.MULTILINE), result.stderr[-3000:]
+    assert_nothing_written(tmp_path)
+
+
+def test_unreachable_server_is_reported_within_ten_seconds(
+    tmp_path: Path, store: Store, app_in_process
+) -> None:
+    started = time.monotonic()
+    result = smoke_here(app_in_process, tmp_path, store, "tracking.uri=http://127.0.0.1:9")
+    assert_clean_failure(result, "http://127.0.0.1:9", store)
+    assert time.monotonic() - started < 10  # the check itself has a 5 s timeout
+
+
+def test_full_traceback_on_request(
+    tmp_path: Path, store: Store, app_in_process, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reprotrain.errors import ConfigError
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ConfigError, match="optimizer.lr=-1 is out of range"):  # uncaught
+        smoke_here(app_in_process, tmp_path, store, "optimizer.lr=-1")
 
 
 # Every kind of tracking URI MLflow cannot use ({tmp}: the test's folder, with notes.db in it).
@@ -245,32 +270,19 @@ def test_bad_tracking_uri_is_one_line_before_any_step(
 
 
 def test_store_of_another_mlflow_schema_is_one_line_naming_the_upgrade(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, here: InProcess
 ) -> None:
-    store.client.search_experiments()  # a store of this MLflow, then marked as an older one's
+    # A copy of a store of this MLflow (none opened by MLflow in this process, which would
+    # keep it cached), marked as an older one's, then given back its own version to read it.
+    here.prepare(store)
     with sqlite3.connect(store.path) as db:
+        (version,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
         db.execute("UPDATE alembic_version SET version_num = '451aebb31d03'")
-    # A child process: this one keeps the store MLflow opened above (MLflow caches it).
-    result = train(tmp_path, store, "experiment=smoke", check=False, timeout=120)
+    result = here.train(tmp_path, store, "experiment=smoke", check=False)
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE alembic_version SET version_num = ?", (version,))
     assert_refused_before_any_step(result, "Detected out-of-date database schema", store, tmp_path)
     assert f"mlflow db upgrade {store.uri}" in result.stderr
-
-
-@pytest.mark.parametrize("uri", ["foo://x", "databricks"])
-def test_bad_tracking_uri_ends_the_process_with_one_line(
-    tmp_path: Path, store: Store, uri: str
-) -> None:
-    result = train(
-        tmp_path,
-        store,
-        "experiment=smoke",
-        f"tracking.uri={uri}",
-        check=False,
-        timeout=120,
-        env=no_databricks_credentials(tmp_path),
-    )
-    expected = f"tracking.uri={uri!r}: MLflow cannot use this store"
-    assert_refused_before_any_step(result, expected, store, tmp_path)
 
 
 ENVIRONMENT_CASES = {
@@ -395,19 +407,18 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 def test_full_disk_is_one_clear_line_and_leaves_no_partial_file(
     tmp_path: Path,
     store: Store,
+    here: InProcess,
     full_disk: Path,
     overrides: list[str],
     failing_file: str,
     setting: str,
 ) -> None:
-    result = run_app(
-        tmp_path,
+    result = here.app(
         "runtime=local",
         "experiment=smoke",
-        f"tracking.uri={store.uri}",
+        f"tracking.uri={here.prepare(store).uri}",
         f"train.output_dir={full_disk}",
         *(override.format(full_disk=full_disk) for override in overrides),
-        timeout=300,
     )
     assert_clean_failure(result, f"no space left on device while writing '{full_disk}/", store)
     error = result.stderr.split("reprotrain: error: ")[1]

@@ -3,7 +3,8 @@ is what its --json holds; the comparison is fair (the Lightning script trains th
 model to the lesson's losses); the package carries no benchmark code.
 
 No assertion here is about speed: timings depend on the machine. Whether reprotrain's fast
-paths keep the math is tests/test_fastpaths.py.
+paths keep the math is tests/test_fastpaths.py. A script that measures or starts processes runs
+as a user runs it (e2e); the rest call their main() in this process.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import PYTHON, ROOT, Store, child_env, require_cuda
+from conftest import PYTHON, ROOT, InProcess, Store, child_env, require_cuda
 
 BENCHMARKS = ROOT / "benchmarks"
 
@@ -44,12 +45,21 @@ def positive(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
-def harness() -> ModuleType:
-    """benchmarks/harness.py, loaded from its path (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("harness", BENCHMARKS / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py, loaded from its path (benchmarks/ is not a package; its scripts
+    import each other as `python benchmarks/NAME.py` lets them)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
     return module
+
+
+def harness() -> ModuleType:
+    return benchmark("harness")
 
 
 def loss_csv(path: Path) -> list[float]:
@@ -86,6 +96,7 @@ def check_round(entry: dict[str, Any]) -> None:
     assert ratios["startup_s"] == ours["startup_s"]
 
 
+@pytest.mark.e2e  # the comparison measures whole processes
 def test_compare_prints_every_row_and_the_targets_its_json_holds(tmp_path: Path) -> None:
     pytest.importorskip("lightning", reason="the `bench` extra (lightning) is not installed")
     out = tmp_path / "results" / "compare.json"
@@ -136,12 +147,14 @@ def test_compare_prints_every_row_and_the_targets_its_json_holds(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]  # scratch removed
 
 
-def test_compare_says_what_was_wrong_with_its_arguments_in_one_line(tmp_path: Path) -> None:
-    done = script(tmp_path, "compare.py", "--pairs", "0", timeout=60)
+def test_compare_says_what_was_wrong_with_its_arguments_in_one_line(here: InProcess) -> None:
+    compare = benchmark("compare")
+    done = here.call(lambda: compare.main(["--pairs", "0"]))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].endswith("'0': give an integer >= 1")
 
 
+@pytest.mark.e2e  # the check asks a Python process of its own for the device
 def test_compare_on_a_device_that_is_not_here_fails_before_any_run(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible: the request can be met")
@@ -151,6 +164,7 @@ def test_compare_on_a_device_that_is_not_here_fails_before_any_run(tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.gpu
 def test_compare_on_cuda_measures_every_row(tmp_path: Path) -> None:
     require_cuda()
@@ -164,6 +178,7 @@ def test_compare_on_cuda_measures_every_row(tmp_path: Path) -> None:
     check_round(result["rounds"][0])
 
 
+@pytest.mark.e2e  # it measures processes it starts
 def test_measure_counts_the_largest_process_and_the_cpu_time_of_every_descendant(
     tmp_path: Path,
 ) -> None:
@@ -192,8 +207,11 @@ def test_measure_counts_the_largest_process_and_the_cpu_time_of_every_descendant
 # ---------------------------------------------------------------- the reference scripts
 
 
-def test_lesson_script_writes_its_weights_and_every_loss(tmp_path: Path) -> None:
-    done = script(tmp_path, "lesson.py", "--steps", "30", "--device", "cpu", "--loss-csv", "l.csv")
+def test_lesson_script_writes_its_weights_and_every_loss(tmp_path: Path, here: InProcess) -> None:
+    lesson = benchmark("lesson")
+    done = here.call(
+        lambda: lesson.main(["--steps", "30", "--device", "cpu", "--loss-csv", "l.csv"])
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("epoch 1: loss ")
     losses = loss_csv(tmp_path / "l.csv")
@@ -207,6 +225,7 @@ def test_lesson_script_writes_its_weights_and_every_loss(tmp_path: Path) -> None
     }
 
 
+@pytest.mark.e2e  # the comparison's Lightning row, run as the comparison runs it
 def test_lightning_script_gives_the_lesson_losses(tmp_path: Path) -> None:
     """The Lightning row trains the lesson's model from the same weights on the same batches
     with the same AdamW: what the comparison charges it for is Lightning, not other work."""
@@ -231,6 +250,7 @@ def run_length(cwd: Path, *args: str, timeout: int) -> subprocess.CompletedProce
     return script(cwd, "run_length.py", *args, timeout=timeout)
 
 
+@pytest.mark.e2e  # it times `python -m reprotrain.train` processes
 def test_run_length_script_prints_each_pair_and_the_medians(tmp_path: Path) -> None:
     """benchmarks/run_length.py, at its smallest: each run's figures are the quotients it
     says of that run.json, the table has a row per run, nothing is left in the folder."""
@@ -256,28 +276,20 @@ def test_run_length_script_prints_each_pair_and_the_medians(tmp_path: Path) -> N
     assert bad.stderr.splitlines()[-1].endswith("try --steps 300,3000")
 
 
-def test_crossover_preset_runs_as_a_multirun_under_one_parent(tmp_path: Path, store: Store) -> None:
+def test_crossover_preset_runs_as_a_multirun_under_one_parent(
+    store: Store, here: InProcess
+) -> None:
     """The CPU-versus-GPU crossover study is the app's own sweep: one parent run, a child per
     point (scripts/gpu-check.sh runs it on both devices)."""
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.train",
-            "--multirun",
-            "experiment=crossover",
-            "device=cpu",
-            "train.batch_size=4,8",
-            "model.hidden_size=16",
-            "train.steps=12",
-            "train.warmup_steps=2",
-            f"tracking.uri={store.uri}",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = here.app(
+        "--multirun",
+        "experiment=crossover",
+        "device=cpu",
+        "train.batch_size=4,8",
+        "model.hidden_size=16",
+        "train.steps=12",
+        "train.warmup_steps=2",
+        f"tracking.uri={here.prepare(store).uri}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = store.runs("reprotrain-crossover")

@@ -1,39 +1,45 @@
 """Bring your own model, data, loss, optimizer and scheduler: every piece is a `_target_`
-config built with Hydra's instantiate (real torch, real sqlite MLflow stores)."""
+config built with Hydra's instantiate (real torch, real sqlite MLflow stores). The scripts'
+main() runs in this process (conftest.InProcess); the README's worked example runs its
+commands as written, in a project of its own (e2e)."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-import signal
-import subprocess
-import textwrap
+import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import (
-    PYTHON,
-    ROOT,
-    Store,
-    child_env,
-    make_project,
-    run_app,
-    start_training,
-    train,
-    wait_for_losses,
-)
+from conftest import ROOT, InProcess, Store, make_project, run_app
 from reprotrain.tracking import prepare_store
 from userproject import user_project
+
+WORKLOADS = ROOT / "tests" / "workloads"
+
+
+def sigterm_at(folder: Path, step: int) -> list[str]:
+    """A user's callback (tests/workloads/callbacks.py, copied into `folder`) that sends this
+    process SIGTERM after `step`, once: a stop at a known step, as `kill` would make it."""
+    if not (folder / "workloads").exists():
+        shutil.copytree(
+            WORKLOADS, folder / "workloads", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return [
+        "+callbacks.sigterm._target_=workloads.callbacks.SigtermOnce",
+        f"+callbacks.sigterm.step={step}",
+        f"+callbacks.sigterm.marker={folder / 'stopped'}",
+    ]
 
 
 def losses_of(store: Store, run_id: str) -> list[float]:
     return [value for _, value in store.losses(run_id)]
 
 
-def test_cnn_on_digit_images_trains(tmp_path: Path, store: Store) -> None:
-    train(tmp_path, store, "model=cnn", "data=digits_images", "train.steps=120", "device=cpu")
+def test_cnn_on_digit_images_trains(tmp_path: Path, store: Store, train_here) -> None:
+    train_here(tmp_path, store, "model=cnn", "data=digits_images", "train.steps=120", "device=cpu")
     run = store.only_run()
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "smallcnn-adamw-cpu"
@@ -52,12 +58,18 @@ def test_cnn_on_digit_images_trains(tmp_path: Path, store: Store) -> None:
 
 
 def test_user_model_and_data_from_the_project_folder_load_back_through_mlflow(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, here: InProcess
 ) -> None:
     """A model and a Dataset in the user's own package, configs on hydra.searchpath; then the
-    logged MLflow Model, loaded in a fresh process, predicts the accuracy the run recorded."""
+    logged MLflow Model, loaded again (the package imported afresh), predicts the accuracy the
+    run recorded. (From a fresh process outside the project: test_tracking.)"""
+    import mlflow.pytorch
+    import torch
+
+    from conftest import forget_user_packages, mlflow_tracking_uri
+
     project = user_project(tmp_path)
-    train(
+    here.train(
         project,
         store,
         f"hydra.searchpath=[file://{project / 'my_conf'}]",
@@ -73,31 +85,26 @@ def test_user_model_and_data_from_the_project_folder_load_back_through_mlflow(
     assert run.info.run_name == "tinyconvnet-adamw-cpu"
     recorded = run.data.metrics["val/accuracy"]
     assert recorded > 0.9
-    check = textwrap.dedent(
-        f"""
-        import mlflow.pytorch, torch
-        from my_project.data import blobs
-        mlflow.set_tracking_uri({store.uri!r})
-        model = mlflow.pytorch.load_model("runs:/{run.info.run_id}/model")
-        val = blobs()["val"]
-        x = torch.stack([val[i][0] for i in range(len(val))])
-        y = torch.tensor([val[i][1] for i in range(len(val))])
-        with torch.no_grad():
-            print((model(x).argmax(1) == y).float().mean().item())
-        """
-    )
-    result = subprocess.run(
-        [PYTHON, "-c", check], cwd=project, env=child_env(), capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert float(result.stdout.strip().splitlines()[-1]) == pytest.approx(recorded, abs=1e-6)
+    forget_user_packages(project / "my_project")  # what the run imported: loaded afresh below
+    from my_project.data import blobs
+
+    with mlflow_tracking_uri(store.uri):
+        model = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model")
+    val = blobs()["val"]
+    x = torch.stack([val[i][0] for i in range(len(val))])
+    y = torch.tensor([val[i][1] for i in range(len(val))])
+    with torch.no_grad():
+        accuracy = (model(x).argmax(1) == y).float().mean().item()
+    assert accuracy == pytest.approx(recorded, abs=1e-6)
 
 
-def test_user_code_logs_to_the_runs_own_mlflow_run(tmp_path: Path, store: Store) -> None:
+def test_user_code_logs_to_the_runs_own_mlflow_run(
+    tmp_path: Path, store: Store, train_here
+) -> None:
     """The MLflow run is the training process's active run: a user's model calling plain
     mlflow.log_metric / log_text in forward() records into the same run, beside reprotrain's."""
     project = user_project(tmp_path)
-    train(
+    train_here(
         project,
         store,
         f"hydra.searchpath=[file://{project / 'my_conf'}]",
@@ -116,10 +123,10 @@ def test_user_code_logs_to_the_runs_own_mlflow_run(tmp_path: Path, store: Store)
 
 
 def test_a_model_mlflow_cannot_log_is_a_warning_and_a_tag_not_a_lost_run(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, train_here
 ) -> None:
     project = user_project(tmp_path)
-    result = train(
+    result = train_here(
         project,
         store,
         f"hydra.searchpath=[file://{project / 'my_conf'}]",
@@ -136,10 +143,10 @@ def test_a_model_mlflow_cannot_log_is_a_warning_and_a_tag_not_a_lost_run(
     assert (tmp_path / "results" / "model.pt").is_file() and "Traceback" not in result.stderr
 
 
-def test_config_dir_of_the_user(tmp_path: Path, store: Store) -> None:
+def test_config_dir_of_the_user(tmp_path: Path, store: Store, train_here) -> None:
     """--config-dir: the user's folder is searched first; reprotrain's conf/ supplies the rest."""
     project = user_project(tmp_path)
-    train(
+    train_here(
         project,
         store,
         "--config-dir",
@@ -153,9 +160,9 @@ def test_config_dir_of_the_user(tmp_path: Path, store: Store) -> None:
 
 
 def test_optimizer_and_scheduler_from_yaml_log_the_learning_rate(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, train_here
 ) -> None:
-    train(
+    train_here(
         tmp_path,
         store,
         "experiment=smoke",
@@ -175,7 +182,7 @@ def test_optimizer_and_scheduler_from_yaml_log_the_learning_rate(
     assert values == sorted(values, reverse=True) and values[-1] < 1e-6  # cosine to eta_min
 
 
-def test_streamed_batches_equal_resident_batches(tmp_path: Path) -> None:
+def test_streamed_batches_equal_resident_batches(tmp_path: Path, train_here) -> None:
     """DataLoader (with worker processes) or the whole split on the device: same batches,
     same losses, bit for bit on a CPU."""
     results = {}
@@ -186,7 +193,7 @@ def test_streamed_batches_equal_resident_batches(tmp_path: Path) -> None:
     }.items():
         store = Store(tmp_path / name)
         store.path.parent.mkdir()
-        train(
+        train_here(
             tmp_path / name,
             store,
             "model=cnn",
@@ -199,41 +206,35 @@ def test_streamed_batches_equal_resident_batches(tmp_path: Path) -> None:
     assert results["resident"] == results["streamed"] == results["workers"]
 
 
-def test_cnn_with_scheduler_resumes_bit_for_bit_and_reproduces(tmp_path: Path) -> None:
-    settings = ["model=cnn", "data=digits_images", "scheduler=cosine", "train.steps=200"]
+def test_cnn_with_scheduler_resumes_bit_for_bit_and_reproduces(
+    tmp_path: Path, here: InProcess
+) -> None:
+    settings = ["model=cnn", "data=digits_images", "scheduler=cosine", "train.steps=60"]
     settings += ["device=cpu", "train.checkpoint_every=20", "tracking.flush_every_s=0.1"]
     whole = Store(tmp_path / "whole")
     whole.path.parent.mkdir()
-    train(tmp_path / "whole", whole, *settings)
+    here.train(tmp_path / "whole", whole, *settings)
     expected = losses_of(whole, whole.only_run().info.run_id)
 
-    store = Store(tmp_path / "stopped")
-    store.path.parent.mkdir()
-    prepare_store(store.uri)  # created once, before this test and the child both open it
-    proc = start_training(tmp_path / "stopped", store.uri, *settings)
-    wait_for_losses(store, 40, proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
+    folder = tmp_path / "stopped"
+    store = Store(folder)
+    folder.mkdir()
+    stop = sigterm_at(folder, 27)  # between two checkpoints
+    assert here.train(folder, store, *settings, *stop, check=False).returncode == 143
     assert store.only_run().info.status == "KILLED"
-    train(tmp_path / "stopped", store, *settings, "train.resume=last")
+    here.train(folder, store, *settings, *stop, "train.resume=last")
     run = store.only_run()
     assert run.info.status == "FINISHED"
     assert losses_of(store, run.info.run_id) == expected
 
-    reproduced = subprocess.run(
-        [PYTHON, "-m", "reprotrain.reproduce", whole.only_run().info.run_id],
-        cwd=tmp_path / "whole",
-        env=child_env(MLFLOW_TRACKING_URI=whole.uri),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    here.monkeypatch.setenv("MLFLOW_TRACKING_URI", whole.uri)
+    reproduced = here.module("reproduce", whole.only_run().info.run_id, cwd=tmp_path / "whole")
     assert reproduced.returncode == 0, reproduced.stderr[-3000:]
-    assert "losses match bit for bit (200 steps)" in reproduced.stdout
+    assert "losses match bit for bit (60 steps)" in reproduced.stdout
 
 
-def test_model_is_registered_under_a_name(tmp_path: Path, store: Store) -> None:
-    train(
+def test_model_is_registered_under_a_name(tmp_path: Path, store: Store, train_here) -> None:
+    train_here(
         tmp_path,
         store,
         "experiment=smoke",
@@ -246,19 +247,14 @@ def test_model_is_registered_under_a_name(tmp_path: Path, store: Store) -> None:
     assert versions[0].run_id == store.only_run().info.run_id
 
 
-def test_evaluate_rebuilds_any_model_from_model_pt(tmp_path: Path, store: Store) -> None:
+def test_evaluate_rebuilds_any_model_from_model_pt(
+    tmp_path: Path, store: Store, here: InProcess
+) -> None:
+    from reprotrain.data import digits, write_npz
+
     prepared = tmp_path / "dataset.npz"
-    subprocess.run(
-        [
-            PYTHON,
-            "-c",
-            "from reprotrain.data import digits, write_npz; from pathlib import Path; "
-            f"write_npz(digits(images=True), Path({str(prepared)!r}))",
-        ],
-        check=True,
-        env=child_env(),
-    )
-    train(
+    write_npz(digits(images=True), prepared)
+    here.train(
         tmp_path,
         store,
         "model=cnn",
@@ -266,25 +262,16 @@ def test_evaluate_rebuilds_any_model_from_model_pt(tmp_path: Path, store: Store)
         f"data.file={prepared}",
         "train.steps=60",
     )
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "reprotrain.evaluate",
-            "--model",
-            str(tmp_path / "results" / "model.pt"),
-            "--data",
-            str(prepared),
-            "--train-metrics",
-            str(tmp_path / "results" / "metrics.json"),
-            "--out-dir",
-            str(tmp_path / "eval"),
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = here.module(
+        "evaluate",
+        "--model",
+        str(tmp_path / "results" / "model.pt"),
+        "--data",
+        str(prepared),
+        "--train-metrics",
+        str(tmp_path / "results" / "metrics.json"),
+        "--out-dir",
+        str(tmp_path / "eval"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "eval" / "eval.json").read_text())
@@ -380,14 +367,12 @@ def test_bad_pieces_are_one_clear_line(
 
 
 def test_checkpoint_of_another_model_class_is_refused_on_resume(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, train_here
 ) -> None:
-    prepare_store(store.uri)
-    proc = start_training(tmp_path, store.uri, "train.steps=3000", "device=cpu")
-    wait_for_losses(store, 50, proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
-    result = train(
+    stop = sigterm_at(tmp_path, 50)
+    stopped = train_here(tmp_path, store, "train.steps=3000", "device=cpu", *stop, check=False)
+    assert stopped.returncode == 143
+    result = train_here(
         tmp_path, store, "model=cnn", "data=digits_images", "train.resume=last", check=False
     )
     assert result.returncode == 2
@@ -405,6 +390,7 @@ def readme_block(language: str, first_line: str) -> str:
     raise AssertionError(f"no ```{language} block starting {first_line!r} in the README")
 
 
+@pytest.mark.e2e  # the README's commands as written, in a project folder of their own
 def test_readme_bring_your_own_model_example(tmp_path: Path) -> None:
     """The README's worked example, as written: its model file and YAML in a project, then its
     commands (the project's default runtime set to local, as on a machine without Docker)."""

@@ -1,6 +1,7 @@
 """Data-parallel training under a real torchrun with gloo on the CPU: two processes on one
 machine, two "nodes" on 127.0.0.1 through c10d rendezvous, a stop and a resume, a killed
-rank, and the bad inputs. Real processes, a real sqlite store."""
+rank, and the bad inputs. Real processes, a real sqlite store (e2e); what needs no torchrun runs
+in this process."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,11 +17,19 @@ import psutil
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conftest import BIN, ROOT, Store, child_env, train, wait_for_losses
+from conftest import (
+    BIN,
+    ROOT,
+    InProcess,
+    Store,
+    child_env,
+    process_state_kept,
+    wait_for_losses,
+)
 from reprotrain.containers import gpu_count
+from reprotrain.distributed import Group, Member, lost_rank
 from reprotrain.errors import RuntimeEnvError
 from reprotrain.runtime.container import processes
-from reprotrain.distributed import Group, Member, lost_rank
 from reprotrain.schema import validate
 from reprotrain.tracking import prepare_store
 
@@ -80,10 +88,13 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """The reference: one process with the global batch (64)."""
     folder = tmp_path_factory.mktemp("one")
     store = Store(folder)
-    train(folder, store, *SETTINGS, f"train.steps={STEPS}", "train.batch_size=64")
+    with pytest.MonkeyPatch.context() as monkeypatch, process_state_kept(folder):
+        trainer = InProcess(folder, monkeypatch)
+        trainer.train(folder, store, *SETTINGS, f"train.steps={STEPS}", "train.batch_size=64")
     return losses_csv(folder / "results")
 
 
+@pytest.mark.e2e  # torchrun
 def test_two_processes_train_one_run_with_the_one_process_losses(
     tmp_path: Path, one_process: list[float]
 ) -> None:
@@ -107,6 +118,7 @@ def test_two_processes_train_one_run_with_the_one_process_losses(
     assert done.stderr.count(f"run {run.info.run_id} FINISHED") == 1
 
 
+@pytest.mark.e2e  # torchrun, two agents
 def test_two_nodes_on_localhost_through_c10d_rendezvous(
     tmp_path: Path, one_process: list[float]
 ) -> None:
@@ -138,6 +150,7 @@ def test_two_nodes_on_localhost_through_c10d_rendezvous(
     assert_same_losses(losses_csv(out), one_process)
 
 
+@pytest.mark.e2e  # torchrun
 def test_sigterm_to_torchrun_ends_killed_with_a_checkpoint_and_resume_finishes(
     tmp_path: Path,
 ) -> None:
@@ -173,6 +186,7 @@ def test_sigterm_to_torchrun_ends_killed_with_a_checkpoint_and_resume_finishes(
     assert [step for step, _ in store.losses(run_id)] == list(range(1, 1501))  # each once
 
 
+@pytest.mark.e2e  # torchrun, one rank killed
 def test_a_killed_rank_fails_the_run_naming_it(tmp_path: Path) -> None:
     store = Store(tmp_path)
     prepare_store(store.uri)  # created before the job, not raced by this test's reads
@@ -205,7 +219,7 @@ def test_a_killed_rank_fails_the_run_naming_it(tmp_path: Path) -> None:
 def test_a_lost_rank_is_named_once_its_process_has_exited() -> None:
     """The peer's reset can arrive before the killed rank has exited (its sockets close
     first): the rank that saw it waits a moment for a local peer to be gone, and names it."""
-    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    exiting = subprocess.Popen(["sleep", "0.5"])
     here = socket.gethostname()
     group = Group(
         rank=0,
@@ -224,6 +238,7 @@ def test_a_lost_rank_is_named_once_its_process_has_exited() -> None:
     assert lost_rank(alive, RuntimeError("Timed out")).one_line().startswith("another rank")
 
 
+@pytest.mark.e2e  # torchrun
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -275,18 +290,18 @@ def test_bad_nproc_is_one_line(
     assert not store.path.exists() or not store.runs()
 
 
-def test_threads_are_shared_among_the_ranks_of_a_machine(tmp_path: Path) -> None:
-    """train.threads=auto gives each of torchrun's processes its share of the CPUs."""
-    env = child_env(LOCAL_WORLD_SIZE="2")
-    probe = (
-        "import torch; from reprotrain.devices import available_cpus, set_threads; "
-        "set_threads('auto'); print(torch.get_num_threads(), available_cpus())"
-    )
-    done = subprocess.run(
-        [str(BIN / "python"), "-c", probe], env=env, capture_output=True, text=True, timeout=120
-    )
-    threads, cpus = map(int, done.stdout.split())
-    assert threads == max(1, cpus // 2)
+def test_threads_are_shared_among_the_ranks_of_a_machine(
+    here: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train.threads=auto gives each of torchrun's processes its share of the CPUs (here: a
+    rank of two on this machine; the thread count is put back after the test)."""
+    import torch
+
+    from reprotrain.devices import available_cpus, set_threads
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    set_threads("auto")
+    assert torch.get_num_threads() == max(1, available_cpus() // 2)
 
 
 def test_more_processes_than_gpus_names_both_numbers() -> None:
@@ -303,6 +318,7 @@ def test_more_processes_than_gpus_names_both_numbers() -> None:
     assert processes(config, "cpu") == gpus + 4  # the CPU image: as many gloo processes as asked
 
 
+@pytest.mark.e2e  # torchrun
 def test_a_rendezvous_nobody_joins_ends_within_torchruns_join_timeout(tmp_path: Path) -> None:
     """torchrun itself waits `--rdzv-conf join_timeout` for every node, then exits non-zero;
     reprotrain never starts, so no run exists."""

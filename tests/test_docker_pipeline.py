@@ -36,7 +36,7 @@ from conftest import (
 from reprotrain.tracking.orphans import checkpoint_file
 from userproject import user_project
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.e2e]  # a Docker engine, dvc, `mlflow ui`
 
 USER = "reprotrain-ci"
 SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
@@ -339,35 +339,6 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
     )
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     assert history == reference.losses(reference.only_run().info.run_id)
-
-
-def test_runtime_docker_without_an_engine_is_a_clear_error(tmp_path: Path) -> None:
-    store = Store(tmp_path)
-    result = run_app(
-        tmp_path,
-        "runtime=docker",
-        "experiment=smoke",
-        f"tracking.uri={store.uri}",
-        timeout=120,
-        env=child_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
-    )
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "runtime=docker but Docker is not usable" in result.stderr
-
-
-def test_runtime_auto_without_an_engine_warns_once_and_trains_here(tmp_path: Path) -> None:
-    store = Store(tmp_path)
-    result = run_app(
-        tmp_path,
-        "experiment=smoke",
-        f"tracking.uri={store.uri}",
-        f"train.output_dir={tmp_path / 'results'}",
-        timeout=300,
-        env=child_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stderr.count("reprotrain: warning:") == 1
-    assert store.only_run().data.tags["runtime"] == "local"
 
 
 def test_cuda_in_docker_without_the_toolkit_says_how_to_fix_it(tmp_path: Path) -> None:

@@ -1,5 +1,8 @@
 """Nothing lost: kill -9 at any moment, a store another process holds locked or deletes,
-damaged spool files, planted secrets (real processes, signals, sqlite stores and servers)."""
+damaged spool files, planted secrets (real processes, signals, sqlite stores and servers). What
+follows a kill (`runs --clean`, a resume, a replay) runs its main() in this process
+(conftest.InProcess); the killed run, a lock held by another process and the servers are real
+(e2e)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ import pytest
 from conftest import (
     PYTHON,
     ROOT,
+    InProcess,
     Store,
     _capability_skip,
     child_env,
@@ -74,45 +77,99 @@ def steps_recorded(store: Store, run_id: str, key: str = "train/loss") -> list[i
 
 def dead_pid() -> int:
     """A PID that belonged to a process that has ended."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+    pid = os.fork()
+    if pid == 0:  # the child ends at once, running nothing
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
 
 
-def test_sigkill_mid_run_then_clean_and_resume_records_every_step_once(tmp_path: Path) -> None:
+@pytest.mark.e2e  # kill -9 of a training process's group
+def test_sigkill_then_clean_says_resume_or_start_again_and_resume_records_every_step_once(
+    tmp_path: Path, here: InProcess
+) -> None:
+    """Two runs killed with SIGKILL (to the whole group: docker kill, a cgroup OOM), left
+    RUNNING: one past a checkpoint with points sent after it, one before its first
+    checkpoint. `reprotrain.runs` lists them as orphaned and changes nothing; `--clean` ends
+    both KILLED, saying to continue the first with train.resume=<id> and to start the second
+    again (it names its checkpoint folder, `reprotrain.checkpoint_dir`, and has none there).
+    The resume then records every step exactly once."""
     store = ready_store(tmp_path)
-    proc = start_training(tmp_path, store.uri, *KILLABLE)
-    wait_for_losses(store, 350, proc)  # past a checkpoint, with points sent after it
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: docker kill, a cgroup OOM
-    proc.wait(timeout=30)
-    run_id = store.only_run().info.run_id
-    assert store.only_run().info.status == "RUNNING"  # what kill -9 leaves
+    killed = {}
+    early = ("train.steps=3000", "train.checkpoint_every=0", "train.checkpoint_every_s=3600")
+    for name, overrides, losses in [
+        ("checkpointed", KILLABLE, 350),  # past a checkpoint, with points sent after it
+        # Points sent every 0.5 s: the kill comes long before its last step. An experiment of
+        # its own: opening a run of the first one's would find that one gone and end it.
+        ("early", (*early, "tracking.flush_every_s=0.5", "tracking.experiment=early"), 100),
+    ]:
+        experiment = "early" if name == "early" else "reprotrain"
+        proc = start_training(
+            tmp_path, store.uri, *overrides, f"train.output_dir={tmp_path / name}"
+        )
+        try:
+            wait_for_experiment_losses(store, experiment, losses, proc)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        (run,) = store.runs(experiment)
+        killed[name] = run.info.run_id
+    run_id, early_id = killed["checkpointed"], killed["early"]
 
-    listed = module(tmp_path, "runs", "--tracking-uri", store.uri)
+    def statuses() -> list[str]:
+        return [store.client.get_run(r).info.status for r in (run_id, early_id)]
+
+    assert statuses() == ["RUNNING", "RUNNING"]  # what kill -9 leaves
+    folder = tmp_path / "outputs" / "checkpoints"
+    early_run = store.client.get_run(early_id)
+    assert early_run.data.tags["reprotrain.checkpoint_dir"] == str(folder.resolve())
+    assert not (folder / f"{early_id}.pt").exists()
+
+    listed = here.module("runs", "--tracking-uri", store.uri)
     assert listed.returncode == 0, listed.stderr
     assert f"{run_id}" in listed.stdout and "orphaned" in listed.stdout
-    assert store.only_run().info.status == "RUNNING"  # listing changes nothing
-    cleaned = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+    assert statuses() == ["RUNNING", "RUNNING"]  # listing changes nothing
+    cleaned = here.module("runs", "--clean", "--tracking-uri", store.uri)
     assert cleaned.returncode == 0, cleaned.stderr
     assert f"continue it with the same command and train.resume={run_id}" in cleaned.stdout
-    run = store.only_run()
-    assert run.info.status == "KILLED" and "is gone" in run.data.tags["reprotrain.ended_by"]
+    (line,) = [line for line in cleaned.stdout.splitlines() if line.startswith(early_id)]
+    assert "marked KILLED; it was killed before its first checkpoint" in line, line
+    assert "train.resume=" not in line, line
+    for ended in (run_id, early_id):
+        run = store.client.get_run(ended)
+        assert run.info.status == "KILLED" and "is gone" in run.data.tags["reprotrain.ended_by"]
 
-    resumed = train(tmp_path, store, *KILLABLE, f"train.resume={run_id}")
+    out = f"train.output_dir={tmp_path / 'checkpointed'}"
+    resumed = here.train(tmp_path, store, *KILLABLE, out, f"train.resume={run_id}")
     assert "Traceback" not in resumed.stderr
-    run = store.only_run()
+    run = store.client.get_run(run_id)
     assert run.info.status == "FINISHED" and "error" not in run.data.tags
     assert steps_recorded(store, run_id) == list(range(1, 1501))  # each step exactly once
     windows = steps_recorded(store, run_id, "train/step_ms")
     assert len(windows) == len(set(windows))  # no window's point twice either
-    csv_losses = (tmp_path / "results" / "loss.csv").read_text().splitlines()[1:]
+    csv_losses = (tmp_path / "checkpointed" / "loss.csv").read_text().splitlines()[1:]
     assert [float(line.split(",")[1]) for line in csv_losses] == pytest.approx(
         [value for _, value in store.losses(run_id)], rel=1e-5
     )  # loss.csv keeps 6 significant digits
 
 
+def wait_for_experiment_losses(
+    store: Store, experiment: str, count: int, proc: subprocess.Popen, timeout: float = 180
+) -> None:
+    """Poll the store until the child's run, in `experiment`, has `count` losses."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
+        runs = store.runs(experiment)
+        if runs and len(store.losses(runs[0].info.run_id)) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} losses recorded in time")
+
+
+@pytest.mark.e2e  # kill -9 of the training process
 def test_the_next_run_ends_a_killed_run_killed_and_resume_records_every_step_once(
-    tmp_path: Path,
+    tmp_path: Path, train_here
 ) -> None:
     """kill -9 of the training process (the OOM killer picks the largest) leaves its run
     RUNNING; the next run of the experiment, as it opens, finds its process gone and ends it
@@ -124,45 +181,20 @@ def test_the_next_run_ends_a_killed_run_killed_and_resume_records_every_step_onc
     run_id = store.only_run().info.run_id
     assert store.only_run().info.status == "RUNNING"  # what kill -9 leaves
 
-    train(tmp_path, store, "experiment=smoke", f"train.output_dir={tmp_path / 'next'}")
+    train_here(tmp_path, store, "experiment=smoke", f"train.output_dir={tmp_path / 'next'}")
     killed = store.client.get_run(run_id)
     assert killed.info.status == "KILLED"
     assert f"its process {proc.pid} on " in killed.data.tags["reprotrain.ended_by"]
-    resumed = train(tmp_path, store, *KILLABLE, f"train.resume={run_id}")
+    resumed = train_here(tmp_path, store, *KILLABLE, f"train.resume={run_id}")
     assert "Traceback" not in resumed.stderr
     run = store.client.get_run(run_id)
     assert run.info.status == "FINISHED" and "error" not in run.data.tags
     assert steps_recorded(store, run_id) == list(range(1, 1501))
 
 
-def test_group_killed_before_the_first_checkpoint_is_cleaned_with_start_again(
-    tmp_path: Path,
-) -> None:
-    """Killed before the first checkpoint: `reprotrain.runs
-    --clean` ends the run KILLED and says to start it again, not to resume it (which would
-    fail: no checkpoint). The run names its checkpoint folder (`reprotrain.checkpoint_dir`)."""
-    store = ready_store(tmp_path)
-    # Points sent every 0.5 s: the kill comes early in the run, long before its last step.
-    first = ("train.steps=3000", "train.checkpoint_every=0", "train.checkpoint_every_s=3600")
-    proc = start_training(tmp_path, store.uri, *first, "tracking.flush_every_s=0.5")
-    wait_for_losses(store, 100, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    run = store.only_run()
-    run_id = run.info.run_id
-    folder = tmp_path / "outputs" / "checkpoints"
-    assert run.data.tags["reprotrain.checkpoint_dir"] == str(folder.resolve())
-    assert not (folder / f"{run_id}.pt").exists()
-    cleaned = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
-    assert cleaned.returncode == 0, cleaned.stderr
-    (line,) = [line for line in cleaned.stdout.splitlines() if line.startswith(run_id)]
-    assert "marked KILLED; it was killed before its first checkpoint" in line, line
-    assert "train.resume=" not in line, line
-    assert store.only_run().info.status == "KILLED"
-
-
+@pytest.mark.e2e  # kill -9 of the training process in its final phase
 def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
-    tmp_path: Path,
+    tmp_path: Path, train_here
 ) -> None:
     store = ready_store(tmp_path)
     out = tmp_path / "results"
@@ -177,7 +209,7 @@ def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     assert not (out / "metrics.json").exists()  # killed before the end
     run_id = store.only_run().info.run_id
 
-    finished = train(tmp_path, store, *logged, "train.resume=last")
+    finished = train_here(tmp_path, store, *logged, "train.resume=last")
     assert not re.search(r"step \d+/1500", finished.stderr)  # no step trained again
     run = store.only_run()
     assert run.info.status == "FINISHED"
@@ -189,7 +221,7 @@ def test_sigkill_in_the_final_phase_is_finished_by_resume_without_training(
     models = store.client.search_logged_models([experiment])
     assert [m.name for m in models if m.source_run_id == run_id] == ["model"]
 
-    again = train(tmp_path, store, *logged, "train.resume=last", check=False)
+    again = train_here(tmp_path, store, *logged, "train.resume=last", check=False)
     assert (
         again.returncode == 2 and "is FINISHED" in again.stderr and "Traceback" not in again.stderr
     )
@@ -220,7 +252,9 @@ def test_the_checkpoint_is_checked_only_where_this_host_sees_its_folder(tmp_path
     assert "train.resume=r1" in what_next("r1", checkpoint_of("r1", seen["local here"]))
 
 
-def test_live_and_foreign_runs_are_left_running(tmp_path: Path, store: Store) -> None:
+def test_live_and_foreign_runs_are_left_running(
+    tmp_path: Path, store: Store, here: InProcess
+) -> None:
     """Only a provably gone owner ends a run: this live process's run and another host's
     stay RUNNING; a dead PID on this host, or a reused one, end KILLED."""
     from reprotrain.tracking import ensure_experiment, owner_tags
@@ -239,7 +273,7 @@ def test_live_and_foreign_runs_are_left_running(tmp_path: Path, store: Store) ->
         name: client.create_run(experiment, run_name=name, tags=tags).info.run_id
         for name, tags in cases.items()
     }
-    result = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+    result = here.module("runs", "--clean", "--tracking-uri", store.uri)
     assert result.returncode == 0, result.stderr
     status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
     assert status == {
@@ -252,6 +286,7 @@ def test_live_and_foreign_runs_are_left_running(tmp_path: Path, store: Store) ->
     assert "runs: 5 RUNNING" in result.stdout and "2 marked KILLED" in result.stdout
 
 
+@pytest.mark.docker
 def test_container_runs_are_ended_only_once_launcher_and_container_are_gone(
     tmp_path: Path, store: Store
 ) -> None:
@@ -324,14 +359,15 @@ def test_container_runs_are_ended_only_once_launcher_and_container_are_gone(
     assert f"its container {exited} has stopped" in ended_by["container stopped"]
 
 
-def test_two_runs_sharing_an_output_folder_are_warned(tmp_path: Path) -> None:
+@pytest.mark.e2e  # a second run while another process trains into the same folder
+def test_two_runs_sharing_an_output_folder_are_warned(tmp_path: Path, train_here) -> None:
     store = ready_store(tmp_path)
     first = start_training(
         tmp_path, store.uri, "train.steps=1000000", *KILLABLE[1:]
     )  # killed below
     try:
         wait_for_losses(store, 50, first)
-        second = train(tmp_path, store, "experiment=smoke")  # the same results/ folder
+        second = train_here(tmp_path, store, "experiment=smoke")  # the same results/ folder
     finally:
         first.kill()
         first.wait(timeout=30)
@@ -348,6 +384,7 @@ def hold_write_lock(db: Path, seconds: float, locked: threading.Event) -> None:
     connection.close()
 
 
+@pytest.mark.e2e  # a training process, and a lock held past sqlite's 20 s busy timeout
 def test_store_locked_by_another_process_loses_nothing(tmp_path: Path) -> None:
     store = ready_store(tmp_path)
     steps = ["train.steps=6000", *KILLABLE[1:]]
@@ -368,7 +405,10 @@ def test_store_locked_by_another_process_loses_nothing(tmp_path: Path) -> None:
     assert steps_recorded(store, run.info.run_id) == list(range(1, 6001))
 
 
-def test_store_deleted_mid_run_keeps_the_record_and_says_how_to_send_it(tmp_path: Path) -> None:
+@pytest.mark.e2e  # the store deleted under a training process
+def test_store_deleted_mid_run_keeps_the_record_and_says_how_to_send_it(
+    tmp_path: Path, here: InProcess
+) -> None:
     store = ready_store(tmp_path)
     steps = ["train.steps=4000", *KILLABLE[1:]]
     proc = start_training(tmp_path, store.uri, *steps)
@@ -381,7 +421,7 @@ def test_store_deleted_mid_run_keeps_the_record_and_says_how_to_send_it(tmp_path
     spooled = tmp_path / "results" / "spool" / f"{run_id}.jsonl"
     assert f"python -m reprotrain.replay {spooled}" in stderr
     assert spooled.is_file() and (tmp_path / "results" / "metrics.json").is_file()
-    replay = module(tmp_path, "replay", str(spooled))  # the store now lacks the run
+    replay = here.module("replay", str(spooled))  # the store now lacks the run
     assert replay.returncode == 2 and "Traceback" not in replay.stderr
     assert f"to run {run_id}" in replay.stderr and "fix:" in replay.stderr
     assert spooled.is_file()  # nothing was sent: nothing left the file
@@ -405,8 +445,9 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "--lazy", str(folder)], check=True)
 
 
+@pytest.mark.e2e  # a training process whose store's disk fills up
 def test_store_on_a_full_disk_spools_then_replays_every_step_once(
-    tmp_path: Path, small_disk: Path
+    tmp_path: Path, small_disk: Path, here: InProcess
 ) -> None:
     store = ready_store(small_disk)
     steps = ["train.steps=4000", *KILLABLE[1:]]
@@ -427,7 +468,7 @@ def test_store_on_a_full_disk_spools_then_replays_every_step_once(
     spooled = tmp_path / "results" / "spool" / f"{run_id}.jsonl"
     assert f"python -m reprotrain.replay {spooled}" in stderr
     filler.unlink()  # room again
-    replay = module(tmp_path, "replay", str(spooled))
+    replay = here.module("replay", str(spooled))
     assert replay.returncode == 0, replay.stderr
     run = store.client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -442,7 +483,9 @@ def test_store_on_a_full_disk_spools_then_replays_every_step_once(
         ("bad-header", "has no valid header"),
     ],
 )
-def test_damaged_spool_file(tmp_path: Path, store: Store, damage: str, expected: str) -> None:
+def test_damaged_spool_file(
+    tmp_path: Path, store: Store, here: InProcess, damage: str, expected: str
+) -> None:
     from reprotrain.tracking import Spool, ensure_experiment
 
     client = store.client
@@ -458,7 +501,7 @@ def test_damaged_spool_file(tmp_path: Path, store: Store, damage: str, expected:
         spool.path.write_text(lines[0] + lines[1] + "\x00\x01 not json\n" + lines[2])
     else:
         spool.path.write_text("nonsense\n" + "".join(lines[1:]))
-    result = module(tmp_path, "replay", str(spool.path))
+    result = here.module("replay", str(spool.path))
     assert "Traceback" not in result.stderr
     if damage == "cut-last-line":
         assert result.returncode == 0, result.stderr
@@ -529,13 +572,13 @@ def test_a_run_killed_while_its_store_was_away_is_left_for_replay_then_marked_ki
     assert steps_recorded(store, run_id) == list(range(1, 51)) and not spool.path.exists()
 
 
-def test_resume_of_a_run_not_in_the_store_fails_before_training(tmp_path: Path) -> None:
+def test_resume_of_a_run_not_in_the_store_fails_before_training(tmp_path: Path, train_here) -> None:
     first = Store(tmp_path / "a")
     (tmp_path / "a").mkdir()
-    train(tmp_path, first, "experiment=smoke", "train.checkpoint_dir=ck")
+    train_here(tmp_path, first, "experiment=smoke", "train.checkpoint_dir=ck")
     other = Store(tmp_path / "b")
     (tmp_path / "b").mkdir()
-    result = train(
+    result = train_here(
         tmp_path, other, "experiment=smoke", "train.checkpoint_dir=ck", "train.steps=40",
         "train.resume=last", check=False,
     )  # fmt: skip
@@ -549,6 +592,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e  # a real `mlflow server`, away mid-run
 def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path) -> None:
     """A password in tracking.uri and one in MLFLOW_TRACKING_PASSWORD are sent to the server
     and reach no printed line, param, tag or file (spool, logs, .hydra/, artifacts,
@@ -610,7 +654,7 @@ def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path) -> None
 
 
 def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, here: InProcess
 ) -> None:
     from reprotrain.tracking import ensure_experiment
 
@@ -626,15 +670,8 @@ def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
         config.parent.mkdir()
         config.write_text(text)
         client.log_artifact(run_id, str(config))
-        env = child_env(PLANTED_SECRET=planted)
-        result = subprocess.run(
-            [PYTHON, "-m", "reprotrain.reproduce", run_id, "--tracking-uri", store.uri],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        here.monkeypatch.setenv("PLANTED_SECRET", planted)
+        result = here.module("reproduce", run_id, "--tracking-uri", store.uri)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert planted not in result.stderr and "fix:" in result.stderr
     names = [e.name for e in client.search_experiments()]
@@ -654,6 +691,7 @@ def kill_at(phase: str, proc: subprocess.Popen, out: Path, delay: float) -> None
     proc.wait(timeout=30)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
     """N runs, each killed with SIGKILL at a seeded random moment of training, of the final

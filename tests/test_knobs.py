@@ -1,30 +1,30 @@
 """The step's knobs and what validation drives, on reprotrain's own MLP: gradient accumulation
 and clipping (recorded, resumed bit for bit), validation during training with metrics, early
 stopping, the best weights, a metric-driven scheduler, in-order reading; and each new mistake
-as one line before any step. Real processes and sqlite MLflow stores."""
+as one line before any step. The scripts' main() in this process (conftest.InProcess), sqlite
+MLflow stores."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, Store, child_env, train
+from conftest import ROOT, InProcess, Store
 
 SMOKE = ("experiment=smoke", "device=cpu", "train.warmup_steps=0")
 
 
-def test_accumulated_micro_batches_step_as_their_whole_batch(tmp_path: Path) -> None:
+def test_accumulated_micro_batches_step_as_their_whole_batch(tmp_path: Path, train_here) -> None:
     """Two micro-batches of 32 with their gradients added up take the step one batch of 64
     takes: the same samples, the same mean gradient (equal to float rounding)."""
     whole, accumulated = Store(tmp_path / "whole"), Store(tmp_path / "accumulated")
     for store in (whole, accumulated):
         store.path.parent.mkdir()
-    train(whole.path.parent, whole, *SMOKE, "train.batch_size=64")
-    train(
+    train_here(whole.path.parent, whole, *SMOKE, "train.batch_size=64")
+    train_here(
         accumulated.path.parent,
         accumulated,
         *SMOKE,
@@ -40,8 +40,10 @@ def test_accumulated_micro_batches_step_as_their_whole_batch(tmp_path: Path) -> 
 
 
 def test_clipped_accumulated_run_stopped_by_a_callback_resumes_bit_for_bit(
-    tmp_path: Path,
+    tmp_path: Path, here: InProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The callback's SIGTERM reaches this process's handler: the run stops at the step's end,
+    KILLED, exit code 143 (the signal's)."""
     project = tmp_path / "project"
     shutil.copytree(ROOT / "tests" / "workloads", project / "workloads")
     store = Store(project)
@@ -55,30 +57,25 @@ def test_clipped_accumulated_run_stopped_by_a_callback_resumes_bit_for_bit(
         "+callbacks.sigterm.step=12",
         f"+callbacks.sigterm.marker={tmp_path / 'stopped'}",
     ]
-    assert train(project, store, *settings, check=False).returncode == 143
-    train(project, store, *settings, "train.resume=last")
+    assert here.train(project, store, *settings, check=False).returncode == 143
+    assert store.only_run().info.status == "KILLED"
+    here.train(project, store, *settings, "train.resume=last")
     run = store.only_run()
     assert run.info.status == "FINISHED"
     assert run.data.params["train.clip_grad_norm"] == "0.5"
-    reproduced = subprocess.run(
-        [PYTHON, "-m", "reprotrain.reproduce", run.info.run_id],
-        cwd=project,
-        env=child_env(MLFLOW_TRACKING_URI=store.uri),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+    reproduced = here.module("reproduce", run.info.run_id, cwd=project)
     assert reproduced.returncode == 0, reproduced.stdout[-2000:] + reproduced.stderr[-2000:]
     assert "losses match bit for bit (30 steps)" in reproduced.stdout
 
 
 def test_validation_drives_early_stopping_the_best_weights_and_a_plateau_scheduler(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, train_here
 ) -> None:
     """val/loss and val/accuracy every 5 steps; ReduceLROnPlateau stepped with val/loss; the
     run stops FINISHED once val/accuracy has not improved by more than 1.0 for 2 validations
     (it cannot), and its outputs are the best validation's."""
-    train(
+    train_here(
         tmp_path,
         store,
         *SMOKE,
@@ -125,8 +122,9 @@ def test_validation_drives_early_stopping_the_best_weights_and_a_plateau_schedul
             "is stepped with a validation figure, but scheduler.monitor is not set",
         ),
         (
+            # Checked after the first step (torchmetrics is imported when first used), on it.
             ["+metrics.r2._target_=torchmetrics.regression.R2Score"],
-            "metrics.r2 (R2Score) cannot take the model's output (2x10 for a batch of (2x64, 2))",
+            "metrics.r2 (R2Score) cannot take the task's predictions (32x10) and targets (32)",
         ),
         (
             ["task=regression"],

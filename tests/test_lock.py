@@ -209,6 +209,7 @@ def pip_download(tmp_path: Path, wheels: Path, requirement: str) -> subprocess.C
     )
 
 
+@pytest.mark.e2e  # pip itself, offline, on a wheel made here
 @pytest.mark.parametrize("tamper", ["none", "wrong hash", "changed file"])
 def test_pip_hash_mode_refuses_a_file_that_is_not_the_locked_one(
     tmp_path: Path, tamper: str
@@ -275,6 +276,7 @@ def test_what_hf_site_requires_is_installed_in_the_venv_or_beside_it() -> None:
     assert not unmet, unmet
 
 
+@pytest.mark.e2e  # what a new process finds with each environment
 @pytest.mark.parametrize("hf", [False, True], ids=["child_env", "hf_env"])
 def test_transformers_is_importable_only_where_hf_env_puts_it(hf: bool) -> None:
     """torchmetrics imports transformers whenever find_spec finds it: every training process

@@ -1,5 +1,5 @@
 """`dvc repro` and `dvc exp run` in a temporary git repository copied from the project
-(real dvc, real git, real MLflow store; the training runs locally in these tests)."""
+(real dvc, real git, real MLflow store; the training runs locally in these tests): e2e."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def store_of(repo: Path) -> Store:
     return Store(repo)
 
 
+@pytest.mark.e2e  # dvc
 def test_repro_runs_once_then_is_a_no_op(reproduced: Reproduced) -> None:
     repo, first = reproduced.repo, reproduced.repro
     assert "Running stage 'prepare'" in first.stdout and "Running stage 'evaluate'" in first.stdout
@@ -52,6 +53,7 @@ def test_repro_runs_once_then_is_a_no_op(reproduced: Reproduced) -> None:
     assert len(store.runs()) == 1
 
 
+@pytest.mark.e2e  # dvc
 def test_conf_edit_is_never_trained_on_silently(reproduced_copy: Path) -> None:
     repo = reproduced_copy
     adamw = repo / "conf" / "optimizer" / "adamw.yaml"
@@ -74,25 +76,42 @@ def test_conf_edit_is_never_trained_on_silently(reproduced_copy: Path) -> None:
     assert newest.data.tags.get("dvc.exp_name")
 
 
-def test_exp_run_overrides_reach_the_mlflow_run(repo: Path) -> None:
-    """A group option, a value in it, a value in another group and a fixed section's key,
-    in one `dvc exp run` (each -S is composed by DVC's Hydra into params.yaml)."""
+@pytest.mark.e2e  # dvc
+def test_exp_run_overrides_reach_the_mlflow_run_and_a_cnn_goes_through_the_whole_pipeline(
+    repo: Path,
+) -> None:
+    """One `dvc exp run -S`, no code changed: a group option, a value in it, a value in another
+    group and a fixed section's key reach the MLflow run (each -S composed by DVC's Hydra into
+    params.yaml); with model=cnn and data=digits_images, prepare writes the images, train
+    builds the CNN from them, evaluate rebuilds it from model.pt."""
     overrides = {
-        "optimizer=sgd": ("optimizer._target_", "torch.optim.SGD"),
-        "optimizer.lr=0.01": ("optimizer.lr", "0.01"),
-        "model=mlp_wide": ("model.hidden_size", "2048"),
+        "model=cnn": ("model._target_", "reprotrain.models.SmallCNN"),
+        "model.channels=16": ("model.channels", "16"),
+        "optimizer=adam": ("optimizer._target_", "torch.optim.Adam"),
+        "optimizer.lr=0.002": ("optimizer.lr", "0.002"),
+        "data=digits_images": ("data.images", "True"),
         "device=cpu": ("device.type", "cpu"),
     }
     sh(repo, "dvc", "exp", "run", *(f"-S{o}" for o in overrides))
-    run = store_of(repo).only_run()
+    store = store_of(repo)
+    run = store.only_run()
+    assert run.info.status == "FINISHED"
     assert {param: run.data.params[param] for param, _ in overrides.values()} == dict(
         overrides.values()
     )
     assert run.data.tags["dvc.exp_name"]
     shown = sh(repo, "dvc", "exp", "show", "--json").stdout
     assert run.data.tags["dvc.exp_name"] in shown
+    assert run.data.tags["model.class"] == "reprotrain.models.cnn.SmallCNN"
+    losses = [value for _, value in store.losses(run.info.run_id)]
+    assert len(losses) == 20 and losses[-1] < losses[0]
+    evaluated = json.loads((repo / "results" / "eval.json").read_text())
+    trained = json.loads((repo / "results" / "metrics.json").read_text())
+    assert evaluated["eval_accuracy"] == pytest.approx(trained["val_accuracy"], abs=1e-9)
+    assert run.data.metrics["val/eval_accuracy"] == pytest.approx(trained["val_accuracy"])
 
 
+@pytest.mark.e2e  # dvc
 def test_queued_sweep_runs_each_point_into_the_project_store(reproduced_copy: Path) -> None:
     repo = reproduced_copy  # the baseline reproduced
     sh(
@@ -124,21 +143,7 @@ def test_queued_sweep_runs_each_point_into_the_project_store(reproduced_copy: Pa
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
 
 
-def test_cnn_on_digit_images_through_the_whole_pipeline(repo: Path) -> None:
-    """prepare writes the images, train builds the CNN from them, evaluate rebuilds it from
-    model.pt: one `dvc exp run -S`, no code changed."""
-    sh(repo, "dvc", "exp", "run", "-S", "model=cnn", "-S", "data=digits_images")
-    run = store_of(repo).only_run()
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["model.class"] == "reprotrain.models.cnn.SmallCNN"
-    losses = [value for _, value in store_of(repo).losses(run.info.run_id)]
-    assert len(losses) == 20 and losses[-1] < losses[0]
-    evaluated = json.loads((repo / "results" / "eval.json").read_text())
-    trained = json.loads((repo / "results" / "metrics.json").read_text())
-    assert evaluated["eval_accuracy"] == pytest.approx(trained["val_accuracy"], abs=1e-9)
-    assert run.data.metrics["val/eval_accuracy"] == pytest.approx(trained["val_accuracy"])
-
-
+@pytest.mark.e2e  # dvc
 def test_direct_run_after_repro_leaves_the_pipeline_clean(reproduced_copy: Path) -> None:
     """`python -m reprotrain.train` writes its own folder; only the DVC stage writes results/."""
     repo = reproduced_copy
@@ -147,6 +152,7 @@ def test_direct_run_after_repro_leaves_the_pipeline_clean(reproduced_copy: Path)
     assert list((repo / "outputs" / "runs").glob("*/*/metrics.json"))
 
 
+@pytest.mark.e2e  # dvc
 def test_metrics_and_plots_show(reproduced: Reproduced, tmp_path: Path) -> None:
     repo = reproduced.repo
     metrics = sh(repo, "dvc", "metrics", "show").stdout
@@ -160,6 +166,7 @@ def test_metrics_and_plots_show(reproduced: Reproduced, tmp_path: Path) -> None:
     assert "prepare" in dag and "train" in dag and "evaluate" in dag
 
 
+@pytest.mark.e2e  # dvc
 @pytest.mark.parametrize(
     "override,expected",
     [
@@ -183,6 +190,7 @@ def test_bad_exp_run_changes_nothing(reproduced_copy: Path, override: str, expec
     assert store.runs() == []  # refused before any run
 
 
+@pytest.mark.e2e  # dvc
 def test_corrupt_prepared_data_is_a_clear_error_from_train(reproduced_copy: Path) -> None:
     repo = reproduced_copy
     data = repo / "data" / "dataset.npz"
@@ -196,6 +204,7 @@ def test_corrupt_prepared_data_is_a_clear_error_from_train(reproduced_copy: Path
     assert "RUNNING" not in store_of(repo).statuses()
 
 
+@pytest.mark.e2e  # dvc
 def test_dockerfile_or_lock_change_reruns_train(reproduced_copy: Path) -> None:
     repo = reproduced_copy
     for name in ("Dockerfile.cpu", "requirements.lock", "requirements-extra.lock"):

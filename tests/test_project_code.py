@@ -1,6 +1,7 @@
 """The pipeline around a project's own code: DVC stages that depend on it, queued experiments
 that need it tracked, `git.dirty` that sees it, `reproduce` that compares its data, and the
-console script whose shell completion works (real dvc, git, bash and MLflow)."""
+console script whose shell completion works (real dvc, git, bash and MLflow: e2e). What needs
+no process of its own runs in this one (conftest.InProcess)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, PYTHON, ROOT, Reproduced, Store, child_env, sh, train
+from conftest import BIN, PYTHON, ROOT, InProcess, Reproduced, Store, child_env, sh
 from reprotrain.project import git_state
 
 USER_MODEL = '''
@@ -85,6 +85,7 @@ def wait_for_queue(repo: Path, timeout: float = 900) -> str:
 # --- DVC stages depend on the project's own code -------------------------------------------
 
 
+@pytest.mark.e2e  # dvc
 def test_stages_depend_on_the_users_code_folder_once_code_names_it(reproduced_copy: Path) -> None:
     repo = reproduced_copy
     add_user_model(repo)
@@ -109,6 +110,7 @@ def test_stages_depend_on_the_users_code_folder_once_code_names_it(reproduced_co
         assert {"changed deps": {"my_project": "modified"}} in status[stage], status
 
 
+@pytest.mark.e2e  # dvc
 def test_plots_and_repro_do_without_a_confusion_matrix(reproduced_copy: Path, tmp_path) -> None:
     """confusion.csv is a top-level plot, not a stage output: a task that writes none (or a
     removed one) leaves the pipeline up to date and its plots drawable."""
@@ -124,6 +126,7 @@ def test_plots_and_repro_do_without_a_confusion_matrix(reproduced_copy: Path, tm
 # --- queued experiments need tracked files -------------------------------------------------
 
 
+@pytest.mark.e2e  # dvc's queue
 def test_queued_experiment_with_untracked_files_is_refused_naming_git_add(
     reproduced_copy: Path,
 ) -> None:
@@ -180,6 +183,7 @@ def test_git_dirty_counts_new_files_git_does_not_ignore(
 # --- extra packages ---------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # pip, from PyPI
 def test_lock_extra_pins_hashes_that_pip_checks(tmp_path: Path) -> None:
     """scripts/lock-extra.sh pins the package with PyPI's sha256s; pip installs it in hash-checking
     mode and refuses a file whose hash the lock does not hold (needs PyPI)."""
@@ -203,7 +207,9 @@ def test_lock_extra_pins_hashes_that_pip_checks(tmp_path: Path) -> None:
 # --- reproduce compares data built in memory ----------------------------------------------
 
 
-def test_reproduce_names_the_data_when_in_memory_data_changed(tmp_path: Path, store: Store):
+def test_reproduce_names_the_data_when_in_memory_data_changed(
+    tmp_path: Path, store: Store, here: InProcess
+):
     (tmp_path / "my_project").mkdir()
     (tmp_path / "my_project" / "__init__.py").write_text("")
     (tmp_path / "my_project" / "data.py").write_text(USER_DATA)
@@ -213,17 +219,10 @@ def test_reproduce_names_the_data_when_in_memory_data_changed(tmp_path: Path, st
     config = f"_target_: my_project.data.from_file\npath: {seed}\n"
     (tmp_path / "my_conf" / "data" / "seeded.yaml").write_text(config)
     searchpath = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
-    train(tmp_path, store, searchpath, "data=seeded", "train.steps=8", "device=cpu")
+    here.train(tmp_path, store, searchpath, "data=seeded", "train.steps=8", "device=cpu")
     recorded = store.only_run()
     seed.write_text("2")  # what the data function reads changed since the run
-    result = subprocess.run(
-        [PYTHON, "-m", "reprotrain.reproduce", recorded.info.run_id, "--tracking-uri", store.uri],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = here.module("reproduce", recorded.info.run_id, "--tracking-uri", store.uri)
     assert result.returncode == 1, result.stderr[-2000:]
     recorded_hash = recorded.data.tags["data.hash"]
     assert (
@@ -236,6 +235,7 @@ def test_reproduce_names_the_data_when_in_memory_data_changed(tmp_path: Path, st
 # --- the console script ---------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # bash completing the console script
 def test_bash_completes_groups_and_options_of_the_console_script(tmp_path: Path) -> None:
     """Hydra's completion, installed as the README says, completes the script run by name."""
     script = """
@@ -255,22 +255,11 @@ complete -p reprotrain-train
     assert lines[-1].endswith("-F hydra_bash_completion reprotrain-train")
 
 
-def test_help_lists_the_groups_without_hydras_banner_or_internal_keys(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from hydra.core.global_hydra import GlobalHydra
-
-    from reprotrain.cli import main
-
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["reprotrain-train", "--help"])
-    try:
-        main()
-    except SystemExit as stop:
-        assert stop.code in (None, 0)
-    finally:
-        GlobalHydra.instance().clear()
-    shown = capsys.readouterr().out
+def test_help_lists_the_groups_without_hydras_banner_or_internal_keys(here: InProcess) -> None:
+    """`reprotrain-train --help`: the console script's main(), as `python -m reprotrain.train`."""
+    helped = here.app("--help", defaults=False, cwd=ROOT)
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    shown = helped.stdout
     assert shown.startswith("reprotrain-train: train a model and record the run in MLflow")
     for group in ("model", "data", "optimizer", "device", "task", "runtime", "experiment"):
         assert f"\n{group}: " in shown, group

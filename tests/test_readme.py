@@ -1,6 +1,7 @@
 """The README is true: every command it and the pages of docs/ show is run by a test (or, for a
-GPU, by scripts/gpu-check.sh), the cheap ones are run here exactly as written, and every file it
-links to exists."""
+GPU, by scripts/gpu-check.sh), the cheap ones are run here exactly as written (the training
+script's main() in this process where the command needs nothing else: conftest.InProcess), and
+every file it links to exists."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, Reproduced, Store, child_env, require_docker, run_app, sh
+from conftest import (
+    BIN,
+    ROOT,
+    InProcess,
+    Reproduced,
+    Store,
+    child_env,
+    require_docker,
+    run_app,
+    sh,
+)
 
 README = (ROOT / "README.md").read_text()
 # The user's guide and the pages it points to for measurements and design (docs/*.md).
@@ -66,10 +77,11 @@ COVERED = {
     'pytest -m "not docker and not slow"': "test_readme::test_marker_selection_collects",
     "ruff check src tests benchmarks && ruff format --check src tests benchmarks": ".ci/run",
     "hadolint Dockerfile.cpu Dockerfile.cuda": ".ci/run + test_containers",
-    "python -m reprotrain.train train.resume=last": "test_reliability::test_stopped_run_resumes_to_the_same_losses_bit_for_bit",
+    "mypy": ".ci/run",
+    "python -m reprotrain.train train.resume=last": "test_reliability::test_sigterm_ends_the_run_killed_and_resume_gives_the_same_losses_bit_for_bit",
     "python -m reprotrain.reproduce <run id>": "test_reliability::test_reproduce_reruns_a_past_run_and_reports_a_match",
     "python -m reprotrain.replay <spool file>": "test_reliability::test_server_still_away_at_the_end_then_replay",
-    "python -m reprotrain.runs --clean": "test_hard_kill::test_sigkill_mid_run_then_clean_and_resume_records_every_step_once",
+    "python -m reprotrain.runs --clean": "test_hard_kill::test_sigkill_then_clean_says_resume_or_start_again_and_resume_records_every_step_once",
     "python -m reprotrain.train model=cnn data=digits_images": "test_byo::test_cnn_on_digit_images_trains",
     "python -m reprotrain.train model=tiny data=digits_images": "test_byo::test_readme_bring_your_own_model_example",
     "python -m reprotrain.train optimizer=rmsprop scheduler=cosine": "test_byo::test_optimizer_and_scheduler_from_yaml_log_the_learning_rate",
@@ -125,6 +137,7 @@ def test_readme_links_point_to_files() -> None:
             assert (base / path).exists(), f"{page} links to {target}, which does not exist"
 
 
+@pytest.mark.e2e  # runtime=auto: in the container wherever Docker answers (CI)
 def test_plain_train_command(tmp_path: Path) -> None:
     store = Store(tmp_path)
     result = run_app(tmp_path, env=child_env(MLFLOW_TRACKING_URI=store.uri))
@@ -137,6 +150,7 @@ def test_plain_train_command(tmp_path: Path) -> None:
     assert len(store.losses(run.info.run_id)) == 500
 
 
+@pytest.mark.e2e  # torch.compile builds C++ kernels and loads each in a Python of its own
 def test_compile_command(tmp_path: Path) -> None:
     from reprotrain.fastpaths import compiler_missing
 
@@ -155,20 +169,16 @@ def test_compile_command(tmp_path: Path) -> None:
     assert len(store.losses(run.info.run_id)) == 500
 
 
-def test_digits_command(tmp_path: Path) -> None:
-    store = Store(tmp_path)
-    result = run_app(
-        tmp_path,
-        "data=digits",
-        "train.steps=300",
-        "runtime=local",
-        env=child_env(MLFLOW_TRACKING_URI=store.uri),
-    )
+def test_digits_command(tmp_path: Path, here: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = here.prepare(Store(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+    result = here.app("data=digits", "train.steps=300", "runtime=local")
     assert result.returncode == 0, result.stderr[-2000:]
     run = store.only_run()
     assert run.data.tags["data.input_shape"] == "64" and run.data.metrics["val/accuracy"] > 0.9
 
 
+@pytest.mark.e2e  # dvc
 def test_exp_commands(tmp_path: Path, reproduced: Reproduced) -> None:
     repo = reproduced.copy(tmp_path / "project")  # after `dvc repro` (conftest)
     sh(repo, "git", "add", "-A")
@@ -229,6 +239,7 @@ def test_docker_run_by_hand() -> None:
     assert "step 20/20" in result.stderr
 
 
+@pytest.mark.e2e  # pytest itself, as the README runs it
 def test_marker_selection_collects() -> None:
     result = subprocess.run(
         [str(BIN / "pytest"), "-m", "not docker and not slow", "--collect-only", "-q"],

@@ -1,5 +1,7 @@
-"""Interruption and resume, parallel runs, determinism, reproduction (real processes,
-signals and sqlite stores)."""
+"""Interruption and resume, parallel runs, determinism, reproduction, on sqlite stores. The
+scripts' main() runs in this process (conftest.InProcess) unless the process is the point: a
+signal's exit code, processes racing for one store, CPU kernels chosen at a process's start, a
+server that goes away (e2e)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import pytest
 
 from conftest import (
     PYTHON,
+    InProcess,
     Store,
     child_env,
     start_training,
     train,
-    train_args,
     wait_for_losses,
     with_child_defaults,
 )
@@ -32,32 +34,44 @@ LONG = [
 ]
 
 
-def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> None:
+@pytest.mark.e2e  # SIGTERM to a training process: its exit code, nothing printed after
+def test_sigterm_ends_the_run_killed_and_resume_gives_the_same_losses_bit_for_bit(
+    tmp_path: Path, train_here
+) -> None:
+    """What `docker stop` and dvc send (SIGTERM, to the process alone): exit code 143, no
+    traceback, the run KILLED with every step so far sent once and in order, no metrics.json,
+    a checkpoint in train.checkpoint_dir; `train.resume=last` continues the same MLflow run to
+    the losses of a run never stopped, bit for bit."""
     from reprotrain.tracking import prepare_store
 
     reference = Store(tmp_path / "ref")
     (tmp_path / "ref").mkdir()
-    train(tmp_path / "ref", reference, *LONG)
+    train_here(tmp_path / "ref", reference, *LONG)
     expected = [value for _, value in reference.losses(reference.only_run().info.run_id)]
 
     (tmp_path / "b").mkdir()
     store = Store(tmp_path / "b")
-    prepare_store(store.uri)
+    prepare_store(store.uri)  # the schema exists before this test's polling reader opens it
     proc = start_training(tmp_path / "b", store.uri, *LONG)
-    wait_for_losses(store, 100, proc)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
+    try:
+        wait_for_losses(store, 100, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert proc.returncode == 143, stderr[-2000:]
+    assert "Traceback" not in stderr
     stopped = store.only_run()
     assert stopped.info.status == "KILLED"
-    done = len(store.losses(stopped.info.run_id))
-    assert 100 <= done < 1500
+    steps = [step for step, _ in store.losses(stopped.info.run_id)]
+    assert 100 <= len(steps) < 1500 and steps == list(range(1, len(steps) + 1))
+    assert not (tmp_path / "b" / "results" / "metrics.json").exists()
     # train.checkpoint_dir (outputs/checkpoints under the working directory), not the results
     checkpoint = tmp_path / "b" / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
-    assert checkpoint.is_file()
+    assert checkpoint.is_file()  # written when it stopped: train.resume continues from it
     assert not (tmp_path / "b" / "results" / "checkpoints").exists()
 
-    train(tmp_path / "b", store, *LONG, "train.resume=last")
+    train_here(tmp_path / "b", store, *LONG, "train.resume=last")
     resumed = store.only_run()  # the same MLflow run, continued
     assert resumed.info.run_id == stopped.info.run_id and resumed.info.status == "FINISHED"
     history = store.losses(resumed.info.run_id)
@@ -65,10 +79,10 @@ def test_stopped_run_resumes_to_the_same_losses_bit_for_bit(tmp_path: Path) -> N
     assert [value for _, value in history] == expected
 
 
-def test_bad_checkpoint_is_a_clear_error(tmp_path: Path, store: Store) -> None:
+def test_bad_checkpoint_is_a_clear_error(tmp_path: Path, store: Store, train_here) -> None:
     """One trained run, resumed three wrong ways: another config, a run id with no
     checkpoint, then its checkpoint truncated."""
-    train(tmp_path, store, "experiment=smoke", "train.checkpoint_every=10")
+    train_here(tmp_path, store, "experiment=smoke", "train.checkpoint_every=10")
     run_id = store.only_run().info.run_id
     checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run_id}.pt"
     assert checkpoint.is_file()
@@ -84,7 +98,7 @@ def test_bad_checkpoint_is_a_clear_error(tmp_path: Path, store: Store) -> None:
     for message, overrides in cases.items():
         if message == "is corrupt or truncated":
             checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-        result = train(tmp_path, store, *resume, *overrides, check=False)
+        result = train_here(tmp_path, store, *resume, *overrides, check=False)
         assert result.returncode != 0 and "Traceback" not in result.stderr, message
         assert message in result.stderr, result.stderr[-2000:]
         assert "RUNNING" not in store.statuses()
@@ -112,6 +126,7 @@ def test_resume_without_its_checkpoint_gives_only_advice_that_can_work(tmp_path:
     )
 
 
+@pytest.mark.e2e  # eight processes race to create one store
 def test_eight_parallel_runs_on_a_fresh_store(tmp_path: Path) -> None:
     store = Store(tmp_path)  # does not exist yet: the runs race to create it
     procs = [
@@ -145,29 +160,24 @@ def test_eight_parallel_runs_on_a_fresh_store(tmp_path: Path) -> None:
     assert all(len(store.losses(r.info.run_id)) == 20 for r in runs)
 
 
-def test_two_cpu_runs_give_identical_losses(tmp_path: Path) -> None:
+def test_two_cpu_runs_give_identical_losses(tmp_path: Path, train_here) -> None:
     histories = []
     for name in ("one", "two"):
         (tmp_path / name).mkdir()
         store = Store(tmp_path / name)
-        train(tmp_path / name, store, "device=cpu", "train.steps=100", "data.num_samples=2048")
+        train_here(tmp_path / name, store, "device=cpu", "train.steps=100", "data.num_samples=2048")
         run = store.only_run()
         histories.append([value for _, value in store.losses(run.info.run_id)])
         assert run.data.tags["config.hash"] and run.data.tags["data.hash"]
     assert histories[0] == histories[1]
 
 
-def test_reproduce_reruns_a_past_run_and_reports_a_match(tmp_path: Path, store: Store) -> None:
-    train(tmp_path, store, "experiment=smoke", "device=cpu")
+def test_reproduce_reruns_a_past_run_and_reports_a_match(
+    tmp_path: Path, store: Store, here: InProcess
+) -> None:
+    here.train(tmp_path, store, "experiment=smoke", "device=cpu")
     run_id = store.only_run().info.run_id
-    result = subprocess.run(
-        [PYTHON, "-m", "reprotrain.reproduce", run_id, "--tracking-uri", store.uri],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = here.module("reproduce", run_id, "--tracking-uri", store.uri)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "losses match bit for bit (20 steps)" in result.stdout
     new = [r for r in store.runs() if r.info.run_id != run_id]
@@ -187,40 +197,32 @@ def reproduce(cwd: Path, store: Store, run_id: str, **env: str) -> subprocess.Co
 
 
 def test_reproduce_uses_the_thread_count_auto_gave_the_recorded_run(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, here: InProcess
 ) -> None:
-    if len(os.sched_getaffinity(0)) < 2:
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
         pytest.skip("needs 2 CPUs: the recorded run gets 1, the reproduction could use 2")
-    # The recorded run may use one CPU, so train.threads=auto gives it 1 thread; here auto
-    # would give 2, and 2 threads sum the smoke run's losses differently from step 4 on.
-    one_cpu = subprocess.run(
-        [
-            "taskset",
-            "-c",
-            "0",
-            *train_args(
-                tmp_path, store.uri, "experiment=smoke", "device=cpu", "train.threads=auto"
-            ),
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert one_cpu.returncode == 0, one_cpu.stderr[-2000:]
+    # The recorded run may use one CPU (as under `taskset -c 0`), so train.threads=auto gives
+    # it 1 thread; here auto would give 2, and 2 threads sum the smoke run's losses
+    # differently from step 4 on.
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        here.train(tmp_path, store, "experiment=smoke", "device=cpu", "train.threads=auto")
+    finally:
+        os.sched_setaffinity(0, cpus)
     recorded = store.only_run()
     assert recorded.data.tags["device.threads"] == "1"
     assert recorded.data.params["train.threads"] == "auto"
-    result = reproduce(tmp_path, store, recorded.info.run_id)
+    result = here.module("reproduce", recorded.info.run_id, "--tracking-uri", store.uri)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "losses match bit for bit (20 steps)" in result.stdout
     (new,) = [r for r in store.runs() if r.info.run_id != recorded.info.run_id]
     assert new.data.params["train.threads"] == "1" and new.data.tags["device.threads"] == "1"
 
 
+@pytest.mark.e2e  # ATEN_CPU_CAPABILITY picks torch's CPU kernels as a process starts
 def test_reproduce_names_the_cpu_kernels_that_differ_and_the_fix(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, here: InProcess
 ) -> None:
     import torch
 
@@ -234,8 +236,8 @@ def test_reproduce_names_the_cpu_kernels_that_differ_and_the_fix(
     )
     recorded = store.only_run()
     assert recorded.data.tags["device.cpu_capability"] == "DEFAULT"
-    native = torch.backends.cpu.get_cpu_capability()
-    result = reproduce(tmp_path, store, recorded.info.run_id)
+    native = torch.backends.cpu.get_cpu_capability()  # this process's kernels
+    result = here.module("reproduce", recorded.info.run_id, "--tracking-uri", store.uri)
     if native == "AVX512":  # its sums differ from step 2 (AVX2's may equal DEFAULT's)
         assert result.returncode == 1, result.stdout
         line = result.stderr.strip().splitlines()[-1]
@@ -266,34 +268,51 @@ def test_machine_differences_say_what_differs_and_skip_what_was_not_recorded() -
     )
 
 
-def test_reproduce_unknown_run_is_a_clear_error(tmp_path: Path, store: Store) -> None:
-    train(tmp_path, store, "experiment=smoke")
-    result = subprocess.run(
-        [PYTHON, "-m", "reprotrain.reproduce", "0" * 32, "--tracking-uri", store.uri],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_reproduce_unknown_run_is_a_clear_error(
+    tmp_path: Path, store: Store, here: InProcess
+) -> None:
+    here.train(tmp_path, store, "experiment=smoke")
+    result = here.module("reproduce", "0" * 32, "--tracking-uri", store.uri)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "was not found" in result.stderr
 
 
-def test_stopping_writes_no_half_written_outputs(tmp_path: Path, store: Store) -> None:
+@pytest.mark.e2e  # Ctrl-C to a training process's group: its exit code, what it leaves
+def test_ctrl_c_ends_the_run_killed_and_writes_no_half_written_outputs(
+    tmp_path: Path, store: Store
+) -> None:
+    """A terminal's Ctrl-C signals the process group: exit code 130, no traceback, the run
+    KILLED with every step so far sent once and in order; only finished files in the results
+    (no metrics.json, no temporary file) and one checkpoint, this run's."""
     from reprotrain.tracking import prepare_store
 
-    prepare_store(store.uri)
-    proc = start_training(tmp_path, store.uri, *LONG)
-    wait_for_losses(store, 30, proc)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    prepare_store(store.uri)  # the schema exists before this test's polling reader opens it
+    proc = start_training(
+        tmp_path,
+        store.uri,
+        "train.steps=1000000",
+        "train.log_every=10",
+        "train.checkpoint_every=500",
+        "tracking.flush_every_s=0.2",
+        "data.num_samples=2048",
+    )
+    try:
+        wait_for_losses(store, 50, proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    run = store.only_run()
+    assert run.info.status == "KILLED"
+    steps = [step for step, _ in store.losses(run.info.run_id)]
+    assert len(steps) >= 50 and steps == list(range(1, len(steps) + 1))
     results = tmp_path / "results"
     assert not (results / "metrics.json").exists()
     assert not list(results.rglob("*.tmp"))  # only finished files, renamed into place
     checkpoints = tmp_path / "outputs" / "checkpoints"
-    assert [p.name for p in checkpoints.iterdir()] == [f"{store.only_run().info.run_id}.pt"]
+    assert [p.name for p in checkpoints.iterdir()] == [f"{run.info.run_id}.pt"]
 
 
 # Small steps, frequent flushes: many sends fall inside the outage.
@@ -344,6 +363,7 @@ def server(tmp_path: Path):
     server.stop()
 
 
+@pytest.mark.e2e  # a real `mlflow server`, cut off mid-run
 def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer) -> None:
     steps = 8000  # a run that goes on well past the outage, also on a loaded machine
     proc = start_training(
@@ -375,6 +395,7 @@ def test_server_gone_mid_run_loses_nothing(tmp_path: Path, server: MlflowServer)
     assert [m.name for m in models if m.source_run_id == run.info.run_id] == ["model"]
 
 
+@pytest.mark.e2e  # a real `mlflow server`, away until the run has ended
 def test_server_still_away_at_the_end_then_replay(
     tmp_path: Path, server: MlflowServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,6 +15,8 @@ from teamserver import S3, require_team_parts
 
 PIPELINE_FILES = ("data/dataset.npz", "results/model.pt")  # what `dvc repro` caches
 
+pytestmark = pytest.mark.e2e  # dvc remotes: S3 (moto's server) and a folder
+
 
 def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()

@@ -1,6 +1,8 @@
 """Sweeps with Hydra's real plugins: the Optuna sweeper, the joblib and submitit_local
 launchers. Every job is an MLflow child run under one parent run per --multirun, and a bad
-sweep is one line before any job starts."""
+sweep is one line before any job starts. Sweeps whose jobs run in this process run the
+training script's main() here (conftest.InProcess); a launcher that starts processes of its
+own runs under a real `python -m reprotrain.train` (e2e)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import Store, run_app
+from conftest import InProcess, Store, run_app
 
 # The MLflow Model (torch.export) is left out: these tests are about runs and sweeps.
 SMOKE = ("runtime=local", "experiment=smoke", "tracking.log_model=false")
@@ -44,11 +46,13 @@ def parent_and_children(store: Store, jobs: int) -> tuple:
 
 
 def test_optuna_sweep_reports_the_best_trial_on_the_parent_run(
-    tmp_path: Path, store: Store
+    tmp_path: Path, store: Store, here: InProcess
 ) -> None:
-    result = sweep(
-        tmp_path,
-        store,
+    result = here.app(  # its trials run in this process (Hydra's basic launcher)
+        "--multirun",
+        *SMOKE,
+        f"tracking.uri={here.prepare(store).uri}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
         "hydra/sweeper=optuna",
         "hydra.sweeper.n_trials=4",
         "hydra.sweeper.sampler.seed=0",
@@ -100,6 +104,7 @@ LAUNCHERS = {
 }
 
 
+@pytest.mark.e2e  # the launchers start processes of their own (loky workers, submitit jobs)
 @pytest.mark.parametrize(("launcher", "jobs", "params"), LAUNCHERS.values(), ids=list(LAUNCHERS))
 def test_parallel_launcher_jobs_finish_under_one_parent_each_in_its_folder(
     tmp_path: Path, store: Store, launcher: list[str], jobs: list[str], params: dict[str, str]
@@ -183,6 +188,7 @@ def test_bad_sweep_is_one_line_before_any_run(
     assert not store.path.exists(), "the check runs before anything opens the MLflow store"
 
 
+@pytest.mark.e2e  # submitit starts each job's two tasks as processes
 def test_a_sweep_job_of_two_tasks_trains_data_parallel_as_one_child_run(
     tmp_path: Path, store: Store
 ) -> None:
@@ -209,9 +215,8 @@ def test_a_sweep_job_of_two_tasks_trains_data_parallel_as_one_child_run(
 
 
 @pytest.mark.skipif(shutil.which("sbatch") is not None, reason="this machine has SLURM")
-def test_the_slurm_launcher_config_composes_with_what_a_site_fills_in(tmp_path: Path) -> None:
-    result = run_app(
-        tmp_path,
+def test_the_slurm_launcher_config_composes_with_what_a_site_fills_in(here: InProcess) -> None:
+    result = here.app(
         "hydra/launcher=slurm",
         "hydra.launcher.partition=gpu",
         "hydra.launcher.gpus_per_node=4",
@@ -220,6 +225,7 @@ def test_the_slurm_launcher_config_composes_with_what_a_site_fills_in(tmp_path: 
         "hydra",
         "-p",
         "hydra.launcher",
+        defaults=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     launcher = yaml.safe_load(result.stdout)

@@ -5,7 +5,10 @@ classifier built from its config (dict batches of varying length, padded by a co
 function; the model computes its own loss). Each trains with validation during training, is
 stopped by SIGTERM (from a user's callback) and resumed, reproduces bit for bit, runs under a
 2-process torchrun and through `dvc exp run`, and its MLflow Model loads and predicts.
-Everything real: torch, transformers, torchmetrics, a sqlite MLflow store, torchrun, dvc."""
+Everything real: torch, transformers, torchmetrics, a sqlite MLflow store, torchrun, dvc (e2e).
+Where a process of its own is not the point (the stop, resume, reproduction and loading of a
+workload that needs no transformers), the scripts' main() runs in this process
+(conftest.InProcess); transformers stays out of it (conftest.hf_env)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, PYTHON, ROOT, Store, child_env, hf_env, make_project, sh, train
+from conftest import (
+    BIN,
+    PYTHON,
+    ROOT,
+    InProcess,
+    Store,
+    child_env,
+    forget_user_packages,
+    hf_env,
+    make_project,
+    mlflow_tracking_uri,
+    sh,
+    train,
+)
+
+pytestmark = pytest.mark.e2e  # the four external workloads
 
 WORKLOADS = ROOT / "tests" / "workloads"
 STEPS, VAL_EVERY, STOP_AT = 60, 20, 30
@@ -105,7 +123,7 @@ def settings(project: Path, workload: Workload) -> list[str]:
 
 @pytest.mark.parametrize("name", list(ALL))
 def test_workload_validates_resumes_reproduces_and_its_model_loads(
-    tmp_path: Path, name: str
+    tmp_path: Path, name: str, here: InProcess
 ) -> None:
     workload = ALL[name]
     project = user_project(tmp_path / "project")
@@ -117,10 +135,16 @@ def test_workload_validates_resumes_reproduces_and_its_model_loads(
         f"+callbacks.sigterm.step={STOP_AT}",
         f"+callbacks.sigterm.marker={tmp_path / 'stopped'}",
     ]
-    stopped = train(project, store, *run_settings, check=False, env=workload.env())
+
+    def trained(*overrides: str, check: bool = True):
+        if workload.hf:  # transformers only in a process of its own
+            return train(project, store, *overrides, check=check, env=workload.env())
+        return here.train(project, store, *overrides, check=check)
+
+    stopped = trained(*run_settings, check=False)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert store.only_run().info.status == "KILLED"
-    train(project, store, *run_settings, "train.resume=last", env=workload.env())
+    trained(*run_settings, "train.resume=last")
 
     run = store.only_run()
     run_id = run.info.run_id
@@ -133,30 +157,45 @@ def test_workload_validates_resumes_reproduces_and_its_model_loads(
     recorded = {key: run.data.metrics[key] for key in workload.metrics}
     assert recorded["val/loss"] < store.losses(run_id)[0][1]  # it learned
 
-    reproduced = subprocess.run(
-        [PYTHON, "-m", "reprotrain.reproduce", run_id],
-        cwd=project,
-        env=workload.env(MLFLOW_TRACKING_URI=store.uri),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    if workload.hf:
+        reproduced = subprocess.run(
+            [PYTHON, "-m", "reprotrain.reproduce", run_id],
+            cwd=project,
+            env=workload.env(MLFLOW_TRACKING_URI=store.uri),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    else:
+        here.monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+        reproduced = here.module("reproduce", run_id, cwd=project)
     assert reproduced.returncode == 0, reproduced.stdout[-2000:] + reproduced.stderr[-3000:]
     assert f"losses match bit for bit ({STEPS} steps)" in reproduced.stdout
 
+    # The store: $MLFLOW_TRACKING_URI in a new process, MLflow's own setting in this one.
     check = "import mlflow, mlflow.pytorch, torch\n" + textwrap.dedent(
         f"""
-        mlflow.set_tracking_uri({store.uri!r})
         recorded = {recorded!r}
         model = mlflow.pytorch.load_model("runs:/{run_id}/model")
         with torch.no_grad():
         """
     )
     check += textwrap.indent(textwrap.dedent(workload.predict), "    ") + "print('ok')\n"
-    loaded = subprocess.run(
-        [PYTHON, "-c", check], cwd=project, env=workload.env(), capture_output=True, text=True
-    )
-    assert loaded.returncode == 0 and loaded.stdout.strip().endswith("ok"), loaded.stderr[-3000:]
+    if workload.hf:
+        loaded = subprocess.run(
+            [PYTHON, "-c", check],
+            cwd=project,
+            env=workload.env(MLFLOW_TRACKING_URI=store.uri),
+            capture_output=True,
+            text=True,
+        )
+        assert loaded.returncode == 0, loaded.stderr[-3000:]
+        assert loaded.stdout.strip().endswith("ok")
+    else:  # the workload's package imported afresh from the project, as a new process would
+        forget_user_packages(project / "workloads")
+        with mlflow_tracking_uri(store.uri):
+            loaded = here.call(lambda: exec(check, {}), cwd=project)
+        assert loaded.returncode == 0 and loaded.stdout.strip().endswith("ok"), loaded.stderr
 
 
 @pytest.mark.parametrize("name", list(ALL))

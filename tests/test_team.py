@@ -18,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, Store, child_env, make_project, require_docker, run_app, train_args
+from conftest import (
+    PYTHON,
+    InProcess,
+    Store,
+    child_env,
+    make_project,
+    require_docker,
+    run_app,
+    train_args,
+)
 from teamserver import (
     PASSWORD,
     S3,
@@ -29,6 +38,8 @@ from teamserver import (
     require_team_parts,
     stop_group,
 )
+
+pytestmark = pytest.mark.e2e  # PostgreSQL, S3 (moto's server) and `mlflow server`
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +154,22 @@ def closed_port() -> int:
     ],
 )
 def test_a_team_store_that_cannot_be_used_is_one_line_before_any_step(
-    tmp_path: Path, team: tuple[Postgres, S3, TeamServer], store: str, message: str
+    tmp_path: Path, team: tuple[Postgres, S3, TeamServer], here: InProcess, store: str, message: str
 ) -> None:
+    """The training script's main() in this process (conftest.InProcess), against the real
+    database, S3 and servers."""
     postgres, s3, _ = team
+
+    def app(cwd: Path, uri: str, *overrides: str):
+        return here.app(
+            "runtime=local",
+            "experiment=smoke",
+            f"tracking.uri={uri}",
+            f"train.output_dir={cwd / 'results'}",
+            *overrides,
+            defaults=False,
+        )
+
     refusing = None
     try:
         if store == "wrong password":

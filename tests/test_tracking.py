@@ -1,6 +1,7 @@
 """The MLflow record of a run, on real sqlite stores: every metric point read back once and in
 order, batches within MLflow's limit, how a run ends, the experiment's kind, and an MLflow
-Model that a fresh process loads and that predicts what the trained model predicts."""
+Model that a fresh process loads and that predicts what the trained model predicts (e2e, as
+is what `import reprotrain` sets in a new process). (More of TrackedRun: test_core_tracking.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import contextlib
 import importlib
 import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import PYTHON, Store, child_env
+from conftest import PYTHON, Store, child_env, empty_store_file
 from reprotrain.stopping import Interrupted
 from reprotrain.tracking import (
     EXPERIMENT_KIND,
@@ -32,25 +32,15 @@ from reprotrain.tracking import (
     Spool,
     TrackedRun,
     ensure_experiment,
-    prepare_store,
 )
 
 MAX_FLOAT = sys.float_info.max  # MLflow's sqlite store keeps +-inf as +-the largest float
 
 
-@pytest.fixture(scope="module")
-def schema_only_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty store with MLflow's schema, made once: a fresh one takes seconds (migrations)."""
-    template = Store(tmp_path_factory.mktemp("template"))
-    prepare_store(template.uri)
-    return template.path
-
-
 @pytest.fixture
-def store(tmp_path: Path, schema_only_db: Path) -> Store:
-    """A real sqlite store of this test's own, in tmp_path."""
-    shutil.copy(schema_only_db, tmp_path / "mlflow.db")
-    return Store(tmp_path)
+def store(tmp_path: Path) -> Store:
+    """A real sqlite store of this test's own, in tmp_path, with MLflow's schema."""
+    return Store(tmp_path).create_from(empty_store_file())
 
 
 def _run(store: Store, flush_every_s: float = 3600.0) -> TrackedRun:
@@ -353,6 +343,7 @@ def _model_files(store: Store, model_id: str) -> tuple[set[str], list[str]]:
     return {p.name for p in (local / "data").iterdir()}, code
 
 
+@pytest.mark.e2e  # loaded in a fresh Python, outside the project folder
 def test_logged_models_predict_the_same_in_a_fresh_process(
     store: Store,
     tmp_path: Path,
@@ -402,6 +393,7 @@ def test_logged_models_predict_the_same_in_a_fresh_process(
         np.testing.assert_allclose(outputs, wanted, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.e2e  # what `import reprotrain` sets as a process starts
 @pytest.mark.parametrize(
     ("given", "expected"), [(None, "true"), ("false", "false")], ids=["default", "asked-for"]
 )

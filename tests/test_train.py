@@ -1,10 +1,11 @@
-"""The training step as a Hydra app, recorded in MLflow (real torch, real sqlite store)."""
+"""The training step as a Hydra app, recorded in MLflow (real torch, real sqlite store). The
+app's main() runs in this process (conftest.InProcess); what only a process shows (its age
+at start-up) starts one (e2e). Stopping by a signal: test_reliability."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,20 +14,9 @@ from xml.etree import ElementTree
 import pytest
 import torch
 
-from conftest import (
-    PYTHON,
-    ROOT,
-    Store,
-    child_env,
-    require_cuda,
-    run_app,
-    start_training,
-    train,
-    wait_for_losses,
-)
+from conftest import PYTHON, ROOT, InProcess, Store, child_env, require_cuda
 from reprotrain.outputs import loss_svg
 from reprotrain.timing import PHASES, PhaseClock, TimingSummary
-from reprotrain.tracking import prepare_store
 from reprotrain.trainer import CheckpointCadence
 
 SMOKE_STEPS = 20  # conf/experiment/smoke.yaml
@@ -40,8 +30,8 @@ def logged_models(store: Store, run_id: str) -> list:
     return [m for m in found if m.source_run_id == run_id]
 
 
-def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
-    train(tmp_path, store, "experiment=smoke", "device=cpu", "tracking.log_model=true")
+def test_smoke_run_records_every_key(tmp_path: Path, store: Store, train_here) -> None:
+    train_here(tmp_path, store, "experiment=smoke", "device=cpu", "tracking.log_model=true")
     run = store.only_run()
     assert run.info.status == "FINISHED"
     tags = run.data.tags
@@ -152,8 +142,8 @@ def test_smoke_run_records_every_key(tmp_path: Path, store: Store) -> None:
 
 
 @pytest.mark.parametrize("data", ["synthetic", "digits"])
-def test_loss_falls(tmp_path: Path, store: Store, data: str) -> None:
-    train(tmp_path, store, f"data={data}", "train.steps=150", "train.log_every=10")
+def test_loss_falls(tmp_path: Path, store: Store, train_here, data: str) -> None:
+    train_here(tmp_path, store, f"data={data}", "train.steps=150", "train.log_every=10")
     losses = [value for _, value in store.losses(store.only_run().info.run_id)]
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert last < 0.5 * first, (first, last)
@@ -161,8 +151,8 @@ def test_loss_falls(tmp_path: Path, store: Store, data: str) -> None:
     assert metrics["val_accuracy"] > 0.8
 
 
-def test_overrides_reach_the_run(tmp_path: Path, store: Store) -> None:
-    train(
+def test_overrides_reach_the_run(tmp_path: Path, store: Store, train_here) -> None:
+    train_here(
         tmp_path,
         store,
         "experiment=smoke",
@@ -182,36 +172,19 @@ def test_overrides_reach_the_run(tmp_path: Path, store: Store) -> None:
     assert run.info.run_name == "mlp-sgd-cpu"
 
 
-def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [PYTHON, "-m", "reprotrain.train", "--cfg", "job", "optimizer=sgd"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_cfg_job_prints_the_composed_config(here: InProcess) -> None:
+    result = here.app("--cfg", "job", "optimizer=sgd", defaults=False)
     assert result.returncode == 0, result.stderr
     assert "_target_: torch.optim.SGD" in result.stdout and "hidden_size: 512" in result.stdout
     assert "_target_: reprotrain.models.MLP" in result.stdout
 
 
-def test_tracking_uri_from_environment(tmp_path: Path, store: Store) -> None:
-    args = [
-        PYTHON,
-        "-m",
-        "reprotrain.train",
-        "runtime=local",
-        "experiment=smoke",
-        f"train.output_dir={tmp_path / 'results'}",
-    ]
-    result = subprocess.run(
-        args,
-        cwd=tmp_path,
-        env=child_env(MLFLOW_TRACKING_URI=store.uri),
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_tracking_uri_from_environment(
+    tmp_path: Path, store: Store, here: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", here.prepare(store).uri)
+    result = here.app(
+        "runtime=local", "experiment=smoke", f"train.output_dir={tmp_path / 'results'}"
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert store.only_run().info.status == "FINISHED"
@@ -232,23 +205,23 @@ def test_default_store_is_sqlite_at_the_project_root(tmp_path: Path) -> None:
     assert default_tracking_uri(exp_copy) == f"sqlite:///{project.resolve()}/mlflow.db"
 
 
-def test_progress_lines_when_not_a_terminal(tmp_path: Path, store: Store) -> None:
-    result = train(tmp_path, store, "experiment=smoke")
+def test_progress_lines_when_not_a_terminal(tmp_path: Path, store: Store, train_here) -> None:
+    result = train_here(tmp_path, store, "experiment=smoke")
     lines = [line for line in result.stderr.splitlines() if line.startswith("step ")]
     assert lines and lines[-1].startswith(f"step {SMOKE_STEPS}/{SMOKE_STEPS}")
     assert "samples/s" in lines[-1] and "loss" in lines[-1]
 
 
-def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -> None:
+def test_outputs_default_to_the_hydra_run_folder(
+    tmp_path: Path, store: Store, here: InProcess
+) -> None:
     """train.output_dir=null: the run's Hydra folder; checkpoints go to train.checkpoint_dir
     (outputs/checkpoints under the working directory), one <run id>.pt per run."""
-    result = run_app(
-        tmp_path,
+    result = here.app(
         "runtime=local",
         "experiment=smoke",
-        f"tracking.uri={store.uri}",
+        f"tracking.uri={here.prepare(store).uri}",
         "train.checkpoint_every=10",
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_id = store.only_run().info.run_id
@@ -291,16 +264,14 @@ def test_outputs_default_to_the_hydra_run_folder(tmp_path: Path, store: Store) -
     }
 
 
-def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> None:
-    result = run_app(
-        tmp_path,
+def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store, here: InProcess) -> None:
+    result = here.app(
         "runtime=local",
-        f"tracking.uri={store.uri}",
+        f"tracking.uri={here.prepare(store).uri}",
         "--multirun",
         "experiment=smoke",
         "optimizer=adamw,sgd",
         "train.batch_size=16,32",
-        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = store.runs()
@@ -336,41 +307,8 @@ def test_multirun_groups_runs_under_a_parent(tmp_path: Path, store: Store) -> No
     )
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_mid_run_ends_killed_with_metrics_kept(
-    tmp_path: Path, store: Store, sig, code
-) -> None:
-    prepare_store(store.uri)  # the schema exists before this test's polling reader opens it
-    proc = start_training(
-        tmp_path,
-        store.uri,
-        "train.steps=1000000",
-        "train.log_every=10",
-        "tracking.flush_every_s=0.2",
-        "data.num_samples=2048",
-    )
-    try:
-        wait_for_losses(store, 50, proc)
-        if sig == signal.SIGINT:  # Ctrl-C: a terminal signals the process group, worker too
-            os.killpg(proc.pid, sig)
-        else:  # what docker stop and dvc send: the process alone
-            proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == code, stderr[-2000:]
-    assert "Traceback" not in stderr
-    run = store.only_run()
-    assert run.info.status == "KILLED"
-    steps = [step for step, _ in store.losses(run.info.run_id)]
-    assert len(steps) >= 50 and steps == list(range(1, len(steps) + 1))
-    assert not (tmp_path / "results" / "metrics.json").exists()
-    checkpoint = tmp_path / "outputs" / "checkpoints" / f"{run.info.run_id}.pt"
-    assert checkpoint.is_file()  # written when it stopped: train.resume continues from it
-
-
-def test_diverging_loss_ends_failed_with_the_step(tmp_path: Path, store: Store) -> None:
-    result = train(
+def test_diverging_loss_ends_failed_with_the_step(tmp_path: Path, store: Store, train_here) -> None:
+    result = train_here(
         tmp_path, store, "experiment=smoke", "optimizer=sgd", "optimizer.lr=1e12", check=False
     )
     assert result.returncode != 0
@@ -380,8 +318,10 @@ def test_diverging_loss_ends_failed_with_the_step(tmp_path: Path, store: Store) 
     assert "the loss became" in run.data.tags["error"]
 
 
-def test_nonfinite_warn_records_the_nan_steps_and_finishes(tmp_path: Path, store: Store) -> None:
-    result = train(
+def test_nonfinite_warn_records_the_nan_steps_and_finishes(
+    tmp_path: Path, store: Store, train_here
+) -> None:
+    result = train_here(
         tmp_path,
         store,
         "experiment=smoke",
@@ -401,21 +341,44 @@ def test_nonfinite_warn_records_the_nan_steps_and_finishes(tmp_path: Path, store
     assert metrics["nonfinite_steps"] == nan_steps and metrics["final_loss"] is None
 
 
-@pytest.mark.gpu
-def test_cuda_run_names_the_gpu(tmp_path: Path, store: Store) -> None:
-    require_cuda()
-    import torch
+def test_runtime_docker_without_an_engine_is_a_clear_error(
+    tmp_path: Path, store: Store, here: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    result = here.app(
+        "runtime=docker", "experiment=smoke", f"tracking.uri={store.uri}", defaults=False
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "runtime=docker but Docker is not usable" in result.stderr
 
-    train(tmp_path, store, "experiment=smoke", "device=cuda")
+
+def test_runtime_auto_without_an_engine_warns_once_and_trains_here(
+    tmp_path: Path, store: Store, here: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    result = here.app(
+        "experiment=smoke",
+        f"tracking.uri={here.prepare(store).uri}",
+        f"train.output_dir={tmp_path / 'results'}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("reprotrain: warning:") == 1
+    assert store.only_run().data.tags["runtime"] == "local"
+
+
+@pytest.mark.gpu
+def test_cuda_run_names_the_gpu(tmp_path: Path, store: Store, train_here) -> None:
+    require_cuda()
+    train_here(tmp_path, store, "experiment=smoke", "device=cuda")
     tags = store.only_run().data.tags
     assert tags["device.type"] == "cuda"
     assert tags["device.name"] == torch.cuda.get_device_name(0)
 
 
 @pytest.mark.gpu
-def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store) -> None:
+def test_cuda_out_of_memory_names_batch_and_model(tmp_path: Path, store: Store, train_here) -> None:
     require_cuda()
-    result = train(
+    result = train_here(
         tmp_path,
         store,
         "experiment=smoke",
@@ -441,6 +404,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.e2e  # a process's age from its own start: a process of its own
 def test_process_age_counts_from_the_process_start() -> None:
     """`time.startup_s` and `time.total_s` are the process's age: at least what the process has
     run by its own clock, at most the time since it was spawned (one clock tick allowed, the
@@ -496,16 +460,18 @@ def test_phase_times_add_up_to_the_step_and_the_warm_up_is_left_out() -> None:
     assert TimingSummary(10).measured_steps == 0  # a run shorter than its warm-up: no figure
 
 
-def test_system_metrics_are_recorded_by_mlflows_monitor(tmp_path: Path, store: Store) -> None:
+def test_system_metrics_are_recorded_by_mlflows_monitor(
+    tmp_path: Path, store: Store, train_here
+) -> None:
     """tracking.system_metrics (on by default): MLflow's own monitor samples CPU and memory
     into system/* beside training (every 10 s unless MLflow's own variable says otherwise)."""
-    env = {**child_env(), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.5"}
-    train(tmp_path, store, "train.steps=400", "data.num_samples=2048", env=env)
+    env = {"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.5"}
+    train_here(tmp_path, store, "train.steps=400", "data.num_samples=2048", env=env)
     metrics = store.only_run().data.metrics
     assert "system/cpu_utilization_percentage" in metrics, sorted(metrics)
     assert metrics["system/system_memory_usage_megabytes"] > 0
     first = store.only_run().info.run_id
-    train(tmp_path, store, "experiment=smoke", "tracking.system_metrics=false", env=env)
+    train_here(tmp_path, store, "experiment=smoke", "tracking.system_metrics=false", env=env)
     (off,) = [run for run in store.runs() if run.info.run_id != first]
     assert off.data.metrics and not [k for k in off.data.metrics if k.startswith("system/")]
 

@@ -1,11 +1,11 @@
 """A config is code (reprotrain.trust): `reproduce` lists every `_target_` of a recorded config
 and builds only trusted ones unless given --trust; every run checks a target's kind before it
-calls it. A tampered artifact runs nothing and writes nothing."""
+calls it. A tampered artifact runs nothing and writes nothing. The scripts' main() runs in
+this process (conftest.InProcess)."""
 
 from __future__ import annotations
 
 import pickle
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import PYTHON, Store, child_env, train
+from conftest import InProcess, Store, process_state_kept
 from reprotrain.reproduce import main as reproduce_main
 from reprotrain.trust import recorded_targets
 
@@ -57,7 +57,8 @@ class Recorded:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     folder = tmp_path_factory.mktemp("recorded")
     store = Store(folder)
-    train(folder, store, "experiment=smoke", "device=cpu")
+    with pytest.MonkeyPatch.context() as monkeypatch, process_state_kept(folder):
+        InProcess(folder, monkeypatch).train(folder, store, "experiment=smoke", "device=cpu")
     run_id = store.only_run().info.run_id
     path = store.client.download_artifacts(run_id, "config.yaml", str(folder))
     return Recorded(folder, store, run_id, yaml.safe_load(Path(path).read_text()))
@@ -169,7 +170,7 @@ def test_a_tampered_recorded_config_is_one_line_and_writes_nothing(
 
 
 def test_reproduce_with_trust_builds_a_target_from_elsewhere(
-    recorded: Recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd
+    recorded: Recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd, here: InProcess
 ) -> None:
     elsewhere = tmp_path / "elsewhere"  # on the import path, but no project's code
     elsewhere.mkdir()
@@ -179,14 +180,9 @@ def test_reproduce_with_trust_builds_a_target_from_elsewhere(
     monkeypatch.syspath_prepend(str(elsewhere))
     code, _, stderr = reproduce_here(recorded, monkeypatch, capfd)
     assert_one_line(code, stderr, "loss._target_='vouched.Loss', which is not reprotrain's")
-    result = subprocess.run(
-        [PYTHON, "-m", "reprotrain.reproduce", recorded.run_id, "--tracking-uri",
-         recorded.store.uri, "--trust"],
+    result = here.module(
+        "reproduce", recorded.run_id, "--tracking-uri", recorded.store.uri, "--trust",
         cwd=recorded.folder,
-        env=child_env(PYTHONPATH=str(elsewhere)),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "  loss._target_: vouched.Loss (NOT TRUSTED" in result.stdout
@@ -259,7 +255,9 @@ def test_a_model_function_from_untrusted_code_is_refused_before_it_runs(
     assert not store.path.exists() or store.runs() == []
 
 
-def test_evaluate_refuses_a_model_file_whose_configs_name_untrusted_code(tmp_path: Path) -> None:
+def test_evaluate_refuses_a_model_file_whose_configs_name_untrusted_code(
+    tmp_path: Path, here: InProcess
+) -> None:
     """model.pt carries the configs that rebuild its model (it may come from a DVC remote):
     evaluate builds them only where trusted, so a file-writing target there writes nothing."""
     marker = tmp_path / "written-by-the-model-file"
@@ -270,14 +268,7 @@ def test_evaluate_refuses_a_model_file_whose_configs_name_untrusted_code(tmp_pat
         "loss": {"_target_": "torch.nn.CrossEntropyLoss"},
     }
     torch.save(saved, tmp_path / "model.pt")
-    result = subprocess.run(
-        [PYTHON, "-m", "reprotrain.evaluate", "--model", str(tmp_path / "model.pt")],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = here.module("evaluate", "--model", str(tmp_path / "model.pt"))
     assert result.returncode == 2, result.stderr[-2000:]
     assert "model._target_='numpy.savetxt'" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()

@@ -20,6 +20,8 @@ from teamserver import free_port, stop_group, wait_until
 SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
 WAIT_MS = 90_000  # the UI draws slowly on a loaded 2-core machine
 
+pytestmark = pytest.mark.e2e  # `mlflow ui` and Chromium
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str]:

@@ -93,13 +93,15 @@ def build_reading(data: dict[str, Any]) -> Reading:
     """How the batches are read: data.shuffle, and data.collate_fn (a `_target_`: a class
     whose instance is called, or a function with `_partial_: true`)."""
     node = data.get("collate_fn")
-    collate_fn = _instantiate("data.collate_fn", node) if node else None
-    if collate_fn is not None and not callable(collate_fn):
-        raise ConfigError(
-            f"data.collate_fn._target_={node['_target_']!r} built a "
-            f"{type(collate_fn).__name__}, which cannot be called with a list of items",
-            hint="name a function with _partial_: true, or a class whose objects are callable",
-        )
+    collate_fn = None
+    if node:
+        collate_fn = _instantiate("data.collate_fn", node)
+        if collate_fn is not None and not callable(collate_fn):
+            raise ConfigError(
+                f"data.collate_fn._target_={node['_target_']!r} built a "
+                f"{type(collate_fn).__name__}, which cannot be called with a list of items",
+                hint="name a function with _partial_: true, or a class whose objects are callable",
+            )
     return Reading(shuffle=bool(data.get("shuffle", True)), collate_fn=collate_fn)
 
 
@@ -317,17 +319,8 @@ def _checked_loss(pieces: Pieces, outputs: Any, batch: Any, shown: Any) -> None:
             f"the loss {type(loss_fn).__name__} returned {shape}, not a scalar",
             hint="use reduction='mean' (or 'sum') in the loss config",
         )
-    for name, metric in pieces.metrics.items():
-        try:
-            metric.update(*task.predictions(outputs, batch))
-        except FIT_ERRORS as error:
-            raise ConfigError(
-                f"metrics.{name} ({type(metric).__name__}) cannot take {where} under task "
-                f"{task.name} ({_first_line(error)})",
-                hint=f"pick a metric for this task's outputs, or drop it with ~metrics.{name}",
-            ) from None
-        finally:
-            metric.reset()
+    # The metrics are checked by the Trainer after the first step (Trainer.check_metrics):
+    # their library (torchmetrics, ~2 s of imports) is not needed before it.
 
 
 def _first_line(error: BaseException) -> str:

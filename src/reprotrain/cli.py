@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -62,7 +63,7 @@ def hydra_app(cfg: DictConfig) -> float | None:
     return None
 
 
-def redact_hydra_record(hydra_config: DictConfig) -> None:
+def redact_hydra_record(hydra_config: HydraConf) -> None:
     """Hydra records the job's config and overrides in <run folder>/.hydra/ before the job
     starts; a password given in a URI (tracking.uri=http://user:pass@host) is taken out."""
     if hydra_config.output_subdir is None:

@@ -222,7 +222,7 @@ def ensure_image(
     with _build_lock(tag):
         image_id = _image_id(tag)
         built = image_id is None
-        if built:
+        if image_id is None:
             _build(kind, project_root, tag, args, flags)
             image_id = _image_id(tag)
             if image_id is None:
@@ -278,6 +278,8 @@ def _build(kind: str, root: Path, tag: str, args: dict[str, str], flags: list[st
     step = steps.failing_step()
     base_problem = "FROM" in step or "load metadata" in step
     if base_problem:  # the usual cause on a machine without a registry: say which base
+        if "FROM" not in step:  # BuildKit names the base's metadata lookup, not the FROM line
+            step = f"FROM: {step}"
         step += f" with BASE_IMAGE={args.get('BASE_IMAGE', 'the default')}"
     hint = "read the build output above and fix that step"
     if base_problem:
@@ -287,7 +289,8 @@ def _build(kind: str, root: Path, tag: str, args: dict[str, str], flags: list[st
     elif EXTRA_LOCK in step:
         hint = f"a package of {EXTRA_LOCK} did not install: {EXTRA_HINT}"
     raise RuntimeEnvError(
-        f"docker build of {dockerfile} failed at step {step!r} (exit code {proc.returncode})",
+        f"docker build of {dockerfile} failed at step {step!r} "
+        f"(exit code {steps.exit_code or proc.returncode})",
         hint=hint,
     )
 
@@ -298,12 +301,15 @@ class _BuildSteps:
     LEGACY_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")  # Step 4/12 : RUN pip install ...
     BUILDKIT_STEP = re.compile(r"^#(\d+) (\[[^\]]*\] .*)$")  # #8 [4/12] RUN pip install ...
     BUILDKIT_ERROR = re.compile(r"^#(\d+) ERROR")
+    # BuildKit's client exits 1 whatever failed; its ERROR line has the RUN's own exit code.
+    BUILDKIT_EXIT_CODE = re.compile(r"exit code: (\d+)")
 
     def __init__(self) -> None:
         self.tail: deque[str] = deque(maxlen=BUILD_TAIL_LINES)
         self.headers: dict[str, str] = {}
         self.current = ""
         self.failed_id: str | None = None
+        self.exit_code: int | None = None  # the failing RUN's, where BuildKit's log says it
 
     def feed(self, line: str) -> bool:
         """Take one line of the log; True when it starts a step (a line worth showing)."""
@@ -317,6 +323,8 @@ class _BuildSteps:
             return True
         if (match := self.BUILDKIT_ERROR.match(line)) and self.failed_id is None:
             self.failed_id = match.group(1)
+            if code := self.BUILDKIT_EXIT_CODE.search(line):
+                self.exit_code = int(code.group(1))
         return False
 
     def failing_step(self) -> str:

@@ -97,6 +97,7 @@ def knobs(train: TrainConfig, device: torch.device) -> Knobs:
 
 def compiled(model: nn.Module) -> nn.Module:
     """The module the step calls; parameters are shared, so save and load use `model`."""
+    # A module compiles to an OptimizedModule (an nn.Module); torch annotates it as a Callable.
     return torch.compile(model)  # type: ignore[return-value]
 
 
@@ -159,11 +160,10 @@ class CudaGraphStep:
                 loss = self._step(batches, mark)
             torch.cuda.current_stream().wait_stream(self.side)
             return loss
-        if self.graph is None:
-            self._capture(batches)
+        graph = self.graph if self.graph is not None else self._capture(batches)
         for static, new in zip(tensors(self.static), tensors(batches), strict=True):
             static.copy_(new, non_blocking=True)
-        self.graph.replay()  # type: ignore[union-attr]
+        graph.replay()
         mark("graph")  # forward, backward and step are one launch: no marks between them
         return self.loss.clone()  # the captured loss is overwritten by the next replay
 
@@ -172,14 +172,15 @@ class CudaGraphStep:
             self.model, batches, self.task, self.loss_fn, self.optimizer, self.knobs, mark
         )
 
-    def _capture(self, batches: tuple[Any, ...]) -> None:
+    def _capture(self, batches: tuple[Any, ...]) -> torch.cuda.CUDAGraph:
         self.static = map_tensors(torch.Tensor.clone, batches)
         # Gradients set to None now are allocated inside the graph's memory pool at capture,
         # so every replay's backward writes them afresh (no accumulation across steps).
         self.optimizer.zero_grad(set_to_none=True)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        self.graph = graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             self.loss = self._step(self.static, _no_mark)
+        return graph
 
 
 def _no_mark(_phase: str) -> None:

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 from xml.sax.saxutils import escape
 
 import psutil
@@ -45,7 +45,7 @@ TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?P<ns>\d+)-(?P<pid>\d+)\.[^.]+\.tmp")
 
 
 def write_atomic(
-    path: Path, write: Callable[[IO[bytes]], None], setting: str = "train.output_dir"
+    path: Path, write: Callable[[IO[bytes]], object], setting: str = "train.output_dir"
 ) -> Path:
     """Write through a temporary file in the same folder, then rename it into place.
     `setting` is the config key that chooses the folder, named in the error line."""
@@ -59,7 +59,7 @@ def write_atomic(
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         with os.fdopen(fd, "wb") as raw:
             handle = _WriteErrors(raw)
-            write(handle)
+            write(cast(IO[bytes], handle))  # a proxy: every other attribute is the real file's
             raw.flush()
             os.fsync(raw.fileno())  # on disk before the rename makes it the file
         os.replace(tmp, path)

@@ -50,7 +50,6 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from reprotrain.errors import ConfigError
 from reprotrain.project import conf_folder, register_resolvers
-from reprotrain.schema import validate
 
 # Hydra's flags that print something and exit (nothing to check), and those taking a value.
 _HELP_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version"}
@@ -278,7 +277,7 @@ class _Configs:
         params = OmegaConf.select(cfg, "hydra.sweeper.params")
         if not isinstance(params, DictConfig):
             return {}
-        lines = [f"{key}={value}" for key, value in params.items()]
+        lines = [f"{key!s}={value}" for key, value in params.items()]
         parsed = _parse(lines, source=_PARAMS_SOURCE)
         return self.axes([p for p in parsed if not p.is_hydra_override()], _PARAMS_SOURCE)
 
@@ -286,6 +285,10 @@ class _Configs:
         """Compose and validate one job; an error in a sweep names the job's other swept values
         (`optimizer.betas` is not a key *of the job optimizer=sgd*). `swept`: key -> this
         job's override of it."""
+        # Imported for a sweep only: the schema brings torch, which the commands that only
+        # print from conf/ (--help, Tab completion: config_app.py) never need (seconds).
+        from reprotrain.schema import validate
+
         try:
             validate(self.compose(job, given))
         except ConfigError as error:
@@ -348,7 +351,11 @@ def _configs(flags: dict[str, str], hydra_overrides: list[Override]) -> Iterator
         primary = Path(__file__).resolve().parent / config_path
     primary = primary.resolve()
     searchpath = next(
-        (list(p.value()) for p in hydra_overrides if p.get_key_element() == "hydra.searchpath"),
+        (
+            list(value)
+            for p in hydra_overrides
+            if p.get_key_element() == "hydra.searchpath" and isinstance(value := p.value(), list)
+        ),
         None,
     )
     extra = []

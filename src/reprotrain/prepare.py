@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from reprotrain.build import build_data, build_reading
 from reprotrain.data import write_npz
@@ -34,6 +34,11 @@ def read_config(params: Path) -> Config:
         raise ConfigError(
             f"{str(params)!r} is not valid YAML: {str(error).splitlines()[0]}"
         ) from None
+    if not isinstance(tree, DictConfig):
+        raise ConfigError(
+            f"{str(params)!r} holds a YAML list, not a config (a mapping of sections)",
+            hint="run `dvc exp run` to compose it from conf/, or pass --params",
+        )
     config = validate(tree)
     config.data["file"] = None  # prepare always builds from the source, never from a prepared file
     return config

@@ -27,8 +27,7 @@ import inspect
 import math
 import re
 import types
-from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import torch
 from hydra.utils import get_object
@@ -42,12 +41,13 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import ErrorDetails
 
 from reprotrain.errors import ConfigError
+from reprotrain.project import PACKAGE_ROOT
 from reprotrain.trust import KINDS, check_function
 
 # The checkout (src/reprotrain/ -> ..): its conf/ holds the defaults of the fixed sections.
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_CONF = PACKAGE_ROOT / "conf"
 # Keys Hydra's instantiate reads itself; never passed to the target.
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
@@ -206,7 +206,7 @@ class Config(BaseModel):
     code: str = DEFAULT_CODE  # the project's own code (a folder): the DVC stages depend on it
 
 
-FIXED = {
+FIXED: dict[str, type[Section]] = {
     "device": DeviceConfig,
     "train": TrainConfig,
     "tracking": TrackingConfig,
@@ -229,13 +229,13 @@ def _section_defaults(section: str) -> dict[str, Any]:
     option = _default_options()[section]
     tree = OmegaConf.to_container(OmegaConf.load(PACKAGE_CONF / section / f"{option}.yaml"))
     assert isinstance(tree, dict)
-    return tree
+    return cast(dict[str, Any], tree)  # a YAML mapping's keys are strings
 
 
 @functools.cache
 def _default_options() -> dict[str, str]:
     """Group -> option, from conf/config.yaml's defaults list (`- train: default`)."""
-    entries = OmegaConf.load(PACKAGE_CONF / "config.yaml").get("defaults") or []
+    entries = OmegaConf.select(OmegaConf.load(PACKAGE_CONF / "config.yaml"), "defaults") or []
     return {
         str(group): str(option)
         for entry in entries
@@ -594,7 +594,7 @@ def _one_line(
     return ConfigError(f"{named}={given!r} is out of range; allowed: {allowed}", hint=fix, key=full)
 
 
-def _allowed_text(detail: dict[str, Any]) -> str:
+def _allowed_text(detail: ErrorDetails) -> str:
     ctx = detail.get("ctx") or {}
     kind = detail["type"]
     for name, sign in (("gt", ">"), ("ge", ">="), ("lt", "<")):
@@ -774,7 +774,7 @@ def _config_error_in(error: BaseException | None) -> ConfigError | None:
 def _resolved(cfg: DictConfig | dict) -> dict[str, Any]:
     """A plain dict with every interpolation resolved (Hydra's own `hydra` node dropped)."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
-    node = OmegaConf.masked_copy(node, [k for k in node if k != "hydra"])
+    node = OmegaConf.masked_copy(node, [str(k) for k in node if k != "hydra"])
     try:
         tree = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as error:
@@ -787,4 +787,4 @@ def _resolved(cfg: DictConfig | dict) -> dict[str, Any]:
             hint="check the ${...} interpolation, or give the value with key=value",
         ) from None
     assert isinstance(tree, dict)
-    return tree
+    return cast(dict[str, Any], tree)  # a config's keys are strings

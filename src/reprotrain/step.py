@@ -17,14 +17,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from reprotrain.data.structure import move_to, tensors
 from reprotrain.errors import DeviceError
-from reprotrain.metrics import Metric
 from reprotrain.tasks import Task
 
 # A loss: `loss_fn(predictions, targets) -> scalar tensor` (an nn.Module such as
@@ -32,6 +31,13 @@ from reprotrain.tasks import Task
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # A learning-rate scheduler (ReduceLROnPlateau is one too, stepped with a validation figure).
 Scheduler = torch.optim.lr_scheduler.LRScheduler
+
+
+class Updatable(Protocol):
+    """What evaluate() asks of a metric: `update(predictions, targets)` with each batch's
+    (a `metrics.Metric`, or evaluate.py's `ClassPairs`)."""
+
+    def update(self, predictions: torch.Tensor, targets: torch.Tensor) -> None: ...
 
 
 def _no_mark(_phase: str) -> None:
@@ -100,6 +106,10 @@ def train_step(
             knobs.backward(loss / k if k > 1 else loss)  # 4. backward
             mark("backward")
         total = loss.detach() if total is None else total + loss.detach()
+    if total is None:  # no batch: no gradients to step with
+        raise ValueError(
+            "train_step got batches=[]; give one batch: train_step(model, [batch], ...)"
+        )
     knobs.step(optimizer)  # 5. step
     mark("optimizer")
     return total / k if k > 1 else total  # still on the device: no sync here
@@ -133,7 +143,7 @@ def evaluate(
     task: Task,
     loss_fn: LossFn,
     device: torch.device,
-    metrics: Mapping[str, Metric] | None = None,
+    metrics: Mapping[str, Updatable] | None = None,
 ) -> torch.Tensor:
     """`[loss x count summed, count]` over a split's batches (eval mode, no grad, on the
     device: the caller reads it, after reducing it over ranks), each metric updated with the

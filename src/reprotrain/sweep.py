@@ -95,6 +95,8 @@ class SweepParentRun(Callback):
         if not results.is_file() or results.stat().st_mtime < self.started:
             return  # no optimising sweeper, or a file left by an earlier sweep in this folder
         found = OmegaConf.to_container(OmegaConf.load(results))
+        if not isinstance(found, dict):  # the sweeper writes a mapping; nothing to read else
+            return
         client = _client(self.uri)
         tags = {"sweep.objective": str(OmegaConf.select(config, "train.objective") or "")}
         if "best_value" in found:

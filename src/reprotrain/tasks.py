@@ -90,6 +90,7 @@ class Task:
 
     def bind(self, model: nn.Module) -> Task:
         """Read once what the model's forward takes (a dict batch's targets go in if so)."""
+        parameters: Mapping[str, inspect.Parameter]
         try:
             parameters = inspect.signature(model.forward).parameters
         except (TypeError, ValueError):

@@ -23,6 +23,8 @@ import psutil
 import torch
 
 PHASES = ("data_to_device", "forward", "backward", "optimizer")
+# A timing boundary: a CUDA event recorded in the stream, or the CPU clock's reading.
+Mark = torch.cuda.Event | float
 
 
 def process_age_s() -> float:
@@ -44,10 +46,10 @@ class PhaseClock:
     def __init__(self, device: torch.device, now: Callable[[], float] = time.perf_counter) -> None:
         self.cuda = device.type == "cuda"
         self._clock = now  # the CPU's clock (a test gives its own)
-        self._marks: list[tuple[str, object]] = []
-        self._pending: list[tuple[int, list[tuple[str, object]]]] = []
+        self._marks: list[tuple[str, Mark]] = []
+        self._pending: list[tuple[int, list[tuple[str, Mark]]]] = []
 
-    def _now(self) -> object:
+    def _now(self) -> Mark:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -68,8 +70,9 @@ class PhaseClock:
         """Durations in ms of every step ended since the last drain."""
         if not self._pending:
             return []
-        if self.cuda:
-            self._pending[-1][1][-1][1].synchronize()  # sync point: waits for the last step's work
+        last = self._pending[-1][1][-1][1]
+        if isinstance(last, torch.cuda.Event):  # on CUDA (self.cuda): every mark is an event
+            last.synchronize()  # sync point: waits for the last step's work
         out = []
         for step, marks in self._pending:
             phases: dict[str, float] = {}  # a phase marked more than once (gradient
@@ -81,10 +84,12 @@ class PhaseClock:
         self._pending = []
         return out
 
-    def _ms(self, begin: object, end: object) -> float:
-        if self.cuda:
-            return begin.elapsed_time(end)  # type: ignore[attr-defined]
-        return (end - begin) * 1e3  # type: ignore[operator]
+    def _ms(self, begin: Mark, end: Mark) -> float:
+        if isinstance(begin, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
+            return begin.elapsed_time(end)
+        if isinstance(begin, torch.cuda.Event) or isinstance(end, torch.cuda.Event):
+            raise TypeError("a CUDA event and a CPU clock reading cannot be subtracted")
+        return (end - begin) * 1e3
 
 
 class TimingSummary:

@@ -47,14 +47,13 @@ from reprotrain.data.batches import (
     validation_batch_size,
 )
 from reprotrain.data.splits import MapDataset
+from reprotrain.data.structure import describe
 from reprotrain.devices import resolve_device, synchronize
 from reprotrain.errors import ConfigError, UserError
-from reprotrain.metrics import Metric, higher_is_better
+from reprotrain.metrics import MISFIT_ERRORS, Metric, higher_is_better
 from reprotrain.metrics import compute as compute_metrics
 from reprotrain.progress import Progress
 from reprotrain.schema import TrainConfig, train_config
-
-
 from reprotrain.step import LossFn, Scheduler, evaluate, move_batch_to_device
 from reprotrain.stopping import GracefulStop
 from reprotrain.tasks import Classification, Task
@@ -223,6 +222,7 @@ class Trainer:
                 objective, stopping.patience, stopping.min_delta, self.best.higher
             )
         self.stopped_early: str | None = None  # why a callback stopped the run, once it has
+        self.metrics_checked = not self.metrics  # check_metrics has run (after step 1)
 
     def _check_plan(self) -> None:
         """What cannot work with these pieces, said before the first step."""
@@ -292,6 +292,8 @@ class Trainer:
         try:
             for batches in self.steps(total):
                 window.pending.append(self.train_step(*batches))
+                if not self.metrics_checked:
+                    window.paused(self.check_metrics, batches[0])
                 window.after_step()
                 self.call("on_step_end")
                 at_window = self.step % self.train.log_every == 0 or self.step == total
@@ -405,6 +407,36 @@ class Trainer:
         if self.train.keep_best and self.best.weights is not None:
             self.model.load_state_dict(self.best.weights)
             self.validation = (self.best.step, dict(self.best.values))
+
+    def check_metrics(self, batch: Any) -> None:
+        """Each metric takes the task's predictions on `batch` (eval mode, no grad, nothing
+        kept): a metric that does not fit the task is one line after the first step, not at
+        the first validation. After it, not before it, so that the metrics' library is
+        imported when the run first uses it (torchmetrics: ~2 s of start-up)."""
+        self.metrics_checked = True
+        batch = move_batch_to_device(batch, self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.task.evaluating():
+                predictions, targets = self.task.predictions(
+                    self.task.forward(self.model, batch), batch
+                )
+                for name, metric in self.metrics.items():
+                    try:
+                        metric.update(predictions, targets)
+                    except MISFIT_ERRORS as error:
+                        text = str(error).splitlines()[0][:300] if str(error) else ""
+                        raise ConfigError(
+                            f"metrics[{name!r}] ({type(metric).__name__}) cannot take the task's "
+                            f"predictions ({describe(predictions)}) and targets "
+                            f"({describe(targets)}) ({type(error).__name__}: {text})",
+                            hint="pick a metric for this task's outputs, or leave it out",
+                        ) from None
+                    finally:
+                        metric.reset()
+        finally:
+            self.model.train(was_training)
 
     def validate(self) -> dict[str, float]:
         """`val/loss` and `val/<metric>` on the validation data (this rank's share of it,
@@ -617,11 +649,23 @@ class Window:
         self.summary = TimingSummary(self.warmup_end)
         self.measure_from: float | None = None
         self.checkpoint_s = 0.0  # inside the measured window, reported on its own
+        self.excluded_s = 0.0  # one-off checks inside the measured window (paused)
         self.loss_every = loss_every
         group = trainer.group
         self.progress = Progress(total, trainer.train.progress if group.main else "off")
         if self.warmup_end == trainer.step:  # no warm-up: measure from the first step
             self.begin_measuring()
+
+    def paused(self, work: Callable[..., None], *args: Any) -> None:
+        """Run `work` outside the measured time (a one-off check inside a step's window)."""
+        device = self.trainer.device
+        synchronize(device)  # sync point, once: the step's queued work counts as the step's
+        began = time.perf_counter()
+        try:
+            work(*args)
+            synchronize(device)  # sync point: the check's own work is done
+        finally:
+            self.excluded_s += time.perf_counter() - began
 
     def after_step(self) -> None:
         if self.trainer.step == self.warmup_end:
@@ -629,7 +673,7 @@ class Window:
 
     def begin_measuring(self) -> None:
         synchronize(self.trainer.device)  # sync point: the clock starts with the device idle
-        self.checkpoint_s = 0.0
+        self.checkpoint_s = self.excluded_s = 0.0
         self.measure_from = time.perf_counter()
 
     def record(self) -> None:
@@ -677,7 +721,8 @@ class Window:
         """Throughput over the measured steps, wall clock: it counts reading the losses and
         handing them to the recorder, not the checkpoints (time.checkpoint_s)."""
         synchronize(self.trainer.device)  # sync point: all queued work is done
-        elapsed = time.perf_counter() - (self.measure_from or 0.0) - self.checkpoint_s
+        began = self.measure_from or 0.0
+        elapsed = time.perf_counter() - began - self.checkpoint_s - self.excluded_s
         measured = total - self.warmup_end if self.measure_from is not None else 0
         batch = self.trainer.samples_per_step
         return {

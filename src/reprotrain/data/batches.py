@@ -27,13 +27,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from operator import itemgetter
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from reprotrain.data.splits import nbytes, to_tensors
+from reprotrain.data.splits import MapDataset, nbytes, to_tensors
 from reprotrain.data.structure import map_tensors
 from reprotrain.errors import ConfigError
 
@@ -99,7 +100,7 @@ class ResidentBatches:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: MapDataset,
         batch_size: int,
         device: torch.device,
         seed: int,
@@ -120,11 +121,11 @@ class ResidentBatches:
         def epochs() -> Iterator[Any]:
             for number in itertools.count(epoch):
                 order = epoch_order(self.n, self.seed, number, self.shuffle).to(self.device)
-                shuffled = map_tensors(lambda t, o=order: t[o], self.data)
+                shuffled = map_tensors(itemgetter(order), self.data)  # t[order], each tensor
                 for i in range(self.batches_per_epoch):
                     first = i * self.stride + self.offset
                     window = slice(first, first + self.batch_size)
-                    yield map_tensors(lambda t, w=window: t[w], shuffled)
+                    yield map_tensors(itemgetter(window), shuffled)  # t[window], each tensor
 
         return itertools.islice(epochs(), position, position + total - start)
 
@@ -145,7 +146,7 @@ class LoaderBatches:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: MapDataset,
         train: Any,
         device: torch.device,
         reading: Reading,
@@ -175,7 +176,7 @@ class LoaderBatches:
         )
         # The generator seeds the workers (their torch/random seeds): the same each run.
         loader = DataLoader(
-            self.dataset,
+            as_torch_dataset(self.dataset),
             batch_sampler=sampler,
             generator=torch.Generator().manual_seed(self.seed),
             **self.options,
@@ -184,7 +185,7 @@ class LoaderBatches:
 
 
 def make_batches(
-    dataset: Dataset,
+    dataset: MapDataset,
     train: Any,
     device: torch.device,
     reading: Reading | None = None,
@@ -207,7 +208,7 @@ def make_batches(
     return LoaderBatches(dataset, train, device, reading, rank, world)
 
 
-def keep_resident(dataset: Dataset, train: Any, device: torch.device, reading: Reading) -> bool:
+def keep_resident(dataset: MapDataset, train: Any, device: torch.device, reading: Reading) -> bool:
     """auto: resident when the split is in tensors already (or small) and its items collate
     without a collate_fn, no workers were asked for, and on a GPU it takes under a quarter
     of the free memory."""
@@ -232,6 +233,12 @@ def keep_resident(dataset: Dataset, train: Any, device: torch.device, reading: R
     return True
 
 
+def as_torch_dataset(dataset: MapDataset) -> Dataset[Any]:
+    """The split as torch's stubs type DataLoader's and Subset's argument. Any map-style
+    dataset is one at run time: the DataLoader only asks for `__getitem__` and `__len__`."""
+    return cast(Dataset[Any], dataset)
+
+
 def validation_batch_size(batch_size: int, carry_state: bool, collate_fn: Any) -> int:
     """Large batches for tensors; the training batch size for a recurrent model's streams
     (a hidden state per row) and for items a collate function pads."""
@@ -239,7 +246,7 @@ def validation_batch_size(batch_size: int, carry_state: bool, collate_fn: Any) -
 
 
 def val_batches(
-    dataset: Dataset,
+    dataset: MapDataset,
     device: torch.device,
     batch_size: int = 4096,
     collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -253,7 +260,8 @@ def val_batches(
         for start in range(0, len(dataset), batch_size):
             yield tuple(t[start : start + batch_size] for t in tensors)
         return
-    share = Subset(dataset, range(rank, len(dataset), world)) if world > 1 else dataset
+    whole = as_torch_dataset(dataset)
+    share = Subset(whole, range(rank, len(dataset), world)) if world > 1 else whole
     yield from DataLoader(
         share, batch_size=batch_size, collate_fn=collate_fn, pin_memory=device.type == "cuda"
     )

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from reprotrain.data.splits import Splits, to_tensors
+from reprotrain.data.splits import MapDataset, Splits, to_tensors
 from reprotrain.errors import DataError
 from reprotrain.outputs import write_atomic
 
@@ -30,7 +30,8 @@ FIX = "re-create it with `dvc repro prepare` (or `python -m reprotrain.prepare`)
 def write_npz(splits: Splits, path: Path, collate_fn: Any = None) -> str:
     """Write atomically and return the file's md5, as DVC computes it. Each split is one
     batch of all its items (`collate_fn`, data.collate_fn: padded to the longest)."""
-    arrays: dict[str, np.ndarray] = {}
+    # name -> numpy array (Any: the type checker matches **arrays to savez's allow_pickle too)
+    arrays: dict[str, Any] = {}
     for split in ("train", "val"):
         dataset = getattr(splits, split)
         whole = to_tensors(dataset) if collate_fn is None else collate_fn(items_of(dataset))
@@ -151,5 +152,5 @@ def file_md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def items_of(dataset: Dataset) -> list[Any]:
+def items_of(dataset: MapDataset) -> list[Any]:
     return [dataset[i] for i in range(len(dataset))]

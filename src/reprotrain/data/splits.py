@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset, default_collate
+from torch.utils.data import TensorDataset, default_collate
 
 from reprotrain.data.structure import tensors
 from reprotrain.errors import DataError
@@ -25,10 +25,18 @@ from reprotrain.errors import DataError
 FIX = "return Splits(train, val, num_classes) or {'train': ..., 'val': ..., 'num_classes': N} from data._target_ (see the README's 'Bring your own model')"
 
 
+class MapDataset(Protocol):
+    """A map-style dataset: `len(dataset)` items, `dataset[i]` each: a TensorDataset, or a
+    `torch.utils.data.Dataset` subclass with `__len__` (torch's `Dataset` declares none)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
 @dataclass
 class Splits:
-    train: Dataset
-    val: Dataset
+    train: MapDataset
+    val: MapDataset
     num_classes: int | None = None  # None: the targets are not class labels
 
 
@@ -60,7 +68,7 @@ def as_splits(built: Any, target: str) -> Splits:
     return splits
 
 
-def _dataset(data: Any, split: str, target: str) -> Dataset:
+def _dataset(data: Any, split: str, target: str) -> MapDataset:
     if isinstance(data, tuple | list) and len(data) == 2:
         inputs, targets = (
             torch.as_tensor(np.asarray(a)) if not torch.is_tensor(a) else a for a in data
@@ -81,7 +89,7 @@ def _dataset(data: Any, split: str, target: str) -> Dataset:
     return data
 
 
-def sample_of(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_of(dataset: MapDataset) -> tuple[torch.Tensor, torch.Tensor]:
     """The first (input, target) pair as tensors."""
     item = dataset[0]
     if not isinstance(item, tuple | list) or len(item) != 2:
@@ -92,7 +100,7 @@ def sample_of(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return sample_of_item(item)
 
 
-def first_batch(dataset: Dataset, count: int = 1, collate_fn: Any = None) -> Any:
+def first_batch(dataset: MapDataset, count: int = 1, collate_fn: Any = None) -> Any:
     """The first `count` items as one batch, as the loader would make it."""
     items = [dataset[i] for i in range(min(count, len(dataset)))]
     try:
@@ -106,7 +114,7 @@ def first_batch(dataset: Dataset, count: int = 1, collate_fn: Any = None) -> Any
         ) from None
 
 
-def input_sample(dataset: Dataset) -> torch.Tensor | None:
+def input_sample(dataset: MapDataset) -> torch.Tensor | None:
     """A (input, target) item's input as a tensor; None for items of another form (dicts)."""
     item = dataset[0]
     if isinstance(item, tuple | list) and len(item) == 2:
@@ -158,7 +166,7 @@ def _shape(tensor: torch.Tensor) -> str:
     return "x".join(map(str, tensor.shape)) or "a scalar"
 
 
-def to_tensors(dataset: Dataset) -> Any:
+def to_tensors(dataset: MapDataset) -> Any:
     """The whole split as one batch: `(inputs, targets)` tensors for (input, target) items, a
     dict of tensors for dict items (for data that stays resident on the device)."""
     if isinstance(dataset, TensorDataset):
@@ -174,7 +182,7 @@ def sample_of_item(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def nbytes(dataset: Dataset) -> int:
+def nbytes(dataset: MapDataset) -> int:
     """Bytes of the split as resident tensors, estimated from its first item."""
     if isinstance(dataset, TensorDataset):
         return sum(t.numel() * t.element_size() for t in dataset.tensors)

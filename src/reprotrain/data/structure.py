@@ -22,8 +22,9 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
         return fn(batch)
     if isinstance(batch, Mapping):
         mapped = {k: map_tensors(fn, v) for k, v in batch.items()}
+        kind: Callable[..., Any] = type(batch)  # its constructor may take a dict, or not
         try:
-            return type(batch)(mapped)  # dict, OrderedDict, ...: the same kind of mapping
+            return kind(mapped)  # dict, OrderedDict, ...: the same kind of mapping
         except TypeError:
             return mapped
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple

@@ -28,7 +28,7 @@ from reprotrain.containers import (
     host_has_docker_gpus,
     run_container,
 )
-from reprotrain.errors import RuntimeEnvError, UserError
+from reprotrain.errors import ConfigError, RuntimeEnvError, UserError
 from reprotrain.host import CONTAINER_ENV
 from reprotrain.project import default_tracking_uri, find_root, git_state
 from reprotrain.schema import Config, as_dict
@@ -118,7 +118,7 @@ def run_in_docker(config: Config) -> dict[str, Any]:
         config_file.unlink(missing_ok=True)
         status = end_if_running(uri, run_id, code) if run_id else ""
     check_exit(code, status, image.tag)
-    return json.loads((Path(config.train.output_dir) / "run.json").read_text())
+    return json.loads((output_folder(config) / "run.json").read_text())
 
 
 def container_env(
@@ -181,12 +181,22 @@ def resumed_run_id(config: Config) -> str:
     return state["run_id"] if state else ""
 
 
+def output_folder(config: Config) -> Path:
+    """train.output_dir: the command line sets it (Hydra's run folder) before it launches."""
+    if config.train.output_dir is None:
+        raise ConfigError(
+            "runtime=docker needs train.output_dir, but it is not set",
+            hint="set train.output_dir=<a folder>, or start the run with python -m reprotrain.train",
+        )
+    return Path(config.train.output_dir)
+
+
 def outside_paths(config: Config, uri: str) -> tuple[Path, ...]:
     """Folders the run touches, to mount at the same paths: cwd, outputs, checkpoints, data,
     a sqlite store."""
     paths = [
         Path.cwd(),
-        Path(config.train.output_dir).resolve(),
+        output_folder(config).resolve(),
         Path(config.train.checkpoint_dir).resolve(),
     ]
     if config.data.get("file"):

@@ -44,5 +44,11 @@ def _dataset(data: Any, name: str, source: str) -> Any:
     )
     if isinstance(data, TensorDataset) and len(data.tensors) == 2:
         features, targets = (tensor.numpy(force=True) for tensor in data.tensors)
-        return mlflow.data.from_numpy(features, targets=targets, name=name, source=where)
-    return MetaDataset(where, name=name)
+        # mlflow.data's constructors (from_numpy, ...) are set on the module when it loads,
+        # from its dataset registry: the module's type information does not list them.
+        return mlflow.data.from_numpy(  # type: ignore[attr-defined]
+            features, targets=targets, name=name, source=where
+        )
+    # MetaDataset leaves Dataset.profile abstract, but Dataset is no ABC: MLflow's documented
+    # MetaDataset(source, name=...) builds it.
+    return MetaDataset(where, name=name)  # type: ignore[abstract]

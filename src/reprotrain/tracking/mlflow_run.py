@@ -146,7 +146,9 @@ class TrackedRun:
             except Exception as error:
                 failed = is_store_failure(error)
                 if not failed or time.monotonic() > deadline:
-                    mlflow.set_tracking_uri(self._previous_uri)  # as it was: no run is open
+                    # As it was (no run is open); None unsets it: MLflow's code takes None,
+                    # its annotation (str | Path) leaves it out.
+                    mlflow.set_tracking_uri(self._previous_uri)  # type: ignore[arg-type]
                 if not failed:
                     raise
                 if time.monotonic() > deadline:
@@ -279,16 +281,17 @@ class TrackedRun:
         for i in range(0, len(points), MAX_BATCH):
             chunk = points[i : i + MAX_BATCH]
             metrics = [Metric(*point) for point in chunk]
-            self._write(
-                lambda metrics=metrics: self.client.log_batch(self.run_id, metrics=metrics),
-                {"metrics": [list(point) for point in chunk]},
-            )
+
+            def log_chunk(metrics: list[Metric] = metrics) -> None:
+                self.client.log_batch(self.run_id, metrics=metrics)
+
+            self._write(log_chunk, {"metrics": [list(point) for point in chunk]})
 
     def _write(self, write: Callable[[], Any], record: dict[str, Any]) -> None:
         """Call `write` (one write to the store) after what the spool holds, or spool `record`
         instead: while the store is left alone after a failure, or when it fails now."""
-        if self._resting():
-            self.spool.append(record)  # type: ignore[union-attr]
+        if self.spool is not None and self._resting():  # _resting: only with a spool
+            self.spool.append(record)
             return
         began = time.monotonic()
         try:
@@ -371,7 +374,8 @@ class TrackedRun:
             if active is not None and active.info.run_id == self.run_id:  # end_run was not
                 with contextlib.suppress(Exception):  # reached: take the run off MLflow's
                     mlflow.end_run(status)  # stack (the spool has its end), not a caller's
-            mlflow.set_tracking_uri(self._previous_uri)  # None unsets it, as it was
+            # None unsets it, as it was (MLflow's annotation, str | Path, leaves None out).
+            mlflow.set_tracking_uri(self._previous_uri)  # type: ignore[arg-type]
         if self.spool is not None and self.spool.pending():
             print(
                 f"reprotrain: warning: the tracking store {redact(self.uri)} is still "
