@@ -460,7 +460,8 @@ class InProcess:
     and determinism, signal handlers, Hydra's global state and logging, sys.path, the working
     directory, a user package imported from the test's folders) is put back when the test
     ends; the environment is the one a child gets (child_env), restored by
-    environment_restored. One place to switch once reprotrain.train() is the library API."""
+    environment_restored. `train` is the one place to switch to the library's
+    reprotrain.train(overrides) (a Result back, ConfigError raised instead of an exit)."""
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
-from reprotrain import cli, overrides
+from reprotrain import cli, overrides, schema
 from reprotrain.errors import ConfigError
 from reprotrain.project import conf_folder
 from reprotrain.schema import (
@@ -126,13 +126,18 @@ def test_builtin_data_yaml_repeats_its_function_defaults(option: str) -> None:
 
 @pytest.fixture
 def validations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Which module validated a composed config, each time one did."""
+    """Which of the app (cli) and the overrides' check validated a composed config, each time
+    one did (the app binds the schema's validate at import, the check imports it when it
+    runs; the conf_digest resolver's validation, for DVC's composition, is not counted)."""
     calls: list[str] = []
-    for module in (cli, overrides):
+    watched = (cli.__name__, overrides.__name__)
+    for module in (cli, schema):
         real = module.validate
 
-        def counted(cfg: Any, real: Any = real, name: str = module.__name__) -> Any:
-            calls.append(name)
+        def counted(cfg: Any, real: Any = real) -> Any:
+            caller = inspect.currentframe().f_back.f_globals["__name__"]  # who asked
+            if caller in watched:
+                calls.append(caller)
             return real(cfg)
 
         monkeypatch.setattr(module, "validate", counted)
@@ -212,3 +217,14 @@ def test_an_override_hydra_cannot_apply_is_one_line(argv: list[str], expected: s
 
 def test_overrides_hydra_can_apply_pass() -> None:
     overrides.check(["+a.b=1", "a.b=2", "~train.steps=500", "+train.epochs=2", "++train.steps=5"])
+
+
+def test_a_default_option_that_inherits_another_gives_the_merged_keys() -> None:
+    """conf/runtime/docker.yaml is `defaults: [auto, _self_]` + `mode: docker`: a project whose
+    config.yaml picks it (as the container tests' projects do) gets auto's keys under it,
+    never a `defaults` key of its own."""
+    from reprotrain.schema import _option
+
+    merged = OmegaConf.to_container(_option("runtime", "docker"))
+    assert merged == {**OmegaConf.to_container(_option("runtime", "auto")), "mode": "docker"}
+    assert "defaults" not in merged

@@ -69,12 +69,16 @@ COVERED = {
     "python benchmarks/compare.py --with tracking.loss_every=10": "test_bench::test_compare_prints_every_row_and_the_targets_its_json_holds",
     "python benchmarks/compare.py --json benchmarks/results/2026-12-07-compare-cpu.json": "test_bench::test_compare_prints_every_row_and_the_targets_its_json_holds (--json)",
     "python benchmarks/compare.py --device cuda --with train.cuda_graphs=true": "scripts/gpu-check.sh (the comparison on cuda) + test_bench::test_compare_on_cuda_measures_every_row",
+    "python benchmarks/startup.py": "test_startup::test_the_startup_benchmark_runs_and_its_json_holds_what_it_prints (--rounds 1 --steps 2)",
+    "python benchmarks/startup.py --rounds 8": "test_startup::test_the_startup_benchmark_runs_and_its_json_holds_what_it_prints (--rounds 1)",
     "python benchmarks/run_length.py": "test_bench::test_run_length_script_prints_each_pair_and_the_medians",
     "python -m reprotrain.train --multirun experiment=crossover device=cpu": "test_bench::test_crossover_preset_runs_as_a_multirun_under_one_parent",
     "scripts/build-base-image.sh": ".ci/run",
     'export REPROTRAIN_BASE_IMAGE=reprotrain-base:bookworm REPROTRAIN_BUILD_FLAGS="--network host"': ".ci/run",
     "pytest": ".ci/run",
     'pytest -m "not docker and not slow"': "test_readme::test_marker_selection_collects",
+    'pytest -m "not e2e"': "test_readme::test_marker_selection_collects",
+    "pytest -m e2e": "test_readme::test_marker_selection_collects",
     "ruff check src tests benchmarks && ruff format --check src tests benchmarks": ".ci/run",
     "hadolint Dockerfile.cpu Dockerfile.cuda": ".ci/run + test_containers",
     "mypy": ".ci/run",
@@ -251,3 +255,16 @@ def test_marker_selection_collects() -> None:
     assert result.returncode == 0, result.stdout[-2000:]
     assert "test_docker_pipeline.py::test_repro_trains" not in result.stdout
     assert "test_train.py::test_smoke_run_records_every_key" in result.stdout
+    tiers = {
+        marker: subprocess.run(
+            [str(BIN / "pytest"), "-m", marker, "--collect-only", "-q", "-p", "no:xdist"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
+        for marker in ("not e2e", "e2e")
+    }
+    assert "test_api.py::test_readme_from_python_example_runs" in tiers["not e2e"]
+    assert "test_api.py::test_readme_from_python_example_runs" not in tiers["e2e"]
+    assert "test_docker_pipeline.py::test_repro_trains" in tiers["e2e"]

@@ -226,10 +226,26 @@ def section_defaults(section: str) -> dict[str, Any]:
 def _section_defaults(section: str) -> dict[str, Any]:
     if section not in FIXED:
         raise ValueError(f"section_defaults({section!r}): allowed: {', '.join(FIXED)}")
-    option = _default_options()[section]
-    tree = OmegaConf.to_container(OmegaConf.load(PACKAGE_CONF / section / f"{option}.yaml"))
+    tree = OmegaConf.to_container(_option(section, _default_options()[section]))
     assert isinstance(tree, dict)
     return cast(dict[str, Any], tree)  # a YAML mapping's keys are strings
+
+
+def _option(group: str, option: str) -> DictConfig:
+    """conf/<group>/<option>.yaml with the options its own defaults list names in that group
+    merged under it, in the list's order (`defaults: [auto, _self_]`: auto's keys, then its
+    own), as Hydra composes a group option."""
+    node = OmegaConf.load(PACKAGE_CONF / group / f"{option}.yaml")
+    assert isinstance(node, DictConfig)
+    entries = node.pop("defaults", None) or ["_self_"]
+    if "_self_" not in entries:
+        entries = [*entries, "_self_"]
+    merged = OmegaConf.create()
+    for entry in entries:
+        part = node if entry == "_self_" else _option(group, str(entry))
+        merged = OmegaConf.merge(merged, part)
+    assert isinstance(merged, DictConfig)
+    return merged
 
 
 @functools.cache
