@@ -240,10 +240,8 @@ def _option(group: str, option: str) -> DictConfig:
     entries = node.pop("defaults", None) or ["_self_"]
     if "_self_" not in entries:
         entries = [*entries, "_self_"]
-    merged = OmegaConf.create()
-    for entry in entries:
-        part = node if entry == "_self_" else _option(group, str(entry))
-        merged = OmegaConf.merge(merged, part)
+    parts = [node if entry == "_self_" else _option(group, str(entry)) for entry in entries]
+    merged = OmegaConf.merge(OmegaConf.create(), *parts)
     assert isinstance(merged, DictConfig)
     return merged
 
