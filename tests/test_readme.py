@@ -257,7 +257,7 @@ def test_marker_selection_collects() -> None:
     assert "test_train.py::test_smoke_run_records_every_key" in result.stdout
     tiers = {
         marker: subprocess.run(
-            [str(BIN / "pytest"), "-m", marker, "--collect-only", "-q", "-p", "no:xdist"],
+            [str(BIN / "pytest"), "-m", marker, "--collect-only", "-q", "-n", "0"],
             cwd=ROOT,
             capture_output=True,
             text=True,
