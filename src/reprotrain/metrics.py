@@ -91,13 +91,7 @@ class ConfiguredMetric:
         try:
             metric.update(predictions, targets)
         except MISFIT_ERRORS as error:
-            text = str(error).splitlines()[0][:300] if str(error) else ""
-            raise ConfigError(
-                f"metrics.{self.name} ({type(metric).__name__}) cannot take the task's "
-                f"predictions ({describe(predictions)}) and targets ({describe(targets)}) "
-                f"({type(error).__name__}: {text})",
-                hint=f"pick a metric for this task's outputs, or drop it with ~metrics.{self.name}",
-            ) from None
+            raise misfit(self.name, metric, predictions, targets, error) from None
         self.fits = True
 
     def compute(self) -> Any:
@@ -106,6 +100,19 @@ class ConfiguredMetric:
     def reset(self) -> None:
         if self.built is not None:  # a metric not made yet holds nothing
             self.built.reset()
+
+
+def misfit(
+    name: str, metric: Any, predictions: Any, targets: Any, error: BaseException
+) -> ConfigError:
+    """The one line for a metric that cannot take the task's predictions and targets."""
+    text = str(error).splitlines()[0][:300] if str(error) else ""
+    return ConfigError(
+        f"metrics.{name} ({type(metric).__name__}) cannot take the task's "
+        f"predictions ({describe(predictions)}) and targets ({describe(targets)}) "
+        f"({type(error).__name__}: {text})",
+        hint=f"pick a metric for this task's outputs, or drop it with ~metrics.{name}",
+    )
 
 
 def build_metrics(

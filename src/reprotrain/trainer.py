@@ -47,10 +47,9 @@ from reprotrain.data.batches import (
     validation_batch_size,
 )
 from reprotrain.data.splits import MapDataset
-from reprotrain.data.structure import describe
 from reprotrain.devices import resolve_device, synchronize
 from reprotrain.errors import ConfigError, UserError
-from reprotrain.metrics import MISFIT_ERRORS, Metric, higher_is_better
+from reprotrain.metrics import MISFIT_ERRORS, Metric, higher_is_better, misfit
 from reprotrain.metrics import compute as compute_metrics
 from reprotrain.progress import Progress
 from reprotrain.schema import TrainConfig, train_config
@@ -426,13 +425,7 @@ class Trainer:
                     try:
                         metric.update(predictions, targets)
                     except MISFIT_ERRORS as error:
-                        text = str(error).splitlines()[0][:300] if str(error) else ""
-                        raise ConfigError(
-                            f"metrics[{name!r}] ({type(metric).__name__}) cannot take the task's "
-                            f"predictions ({describe(predictions)}) and targets "
-                            f"({describe(targets)}) ({type(error).__name__}: {text})",
-                            hint="pick a metric for this task's outputs, or leave it out",
-                        ) from None
+                        raise misfit(name, metric, predictions, targets, error) from None
                     finally:
                         metric.reset()
         finally:
