@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import json
 import os
 import platform
 import subprocess
@@ -45,7 +44,9 @@ from harness import (
     git_state,
     measure,
     median,
+    publish,
     run_json,
+    say,
     table,
     train_command,
 )
@@ -294,11 +295,6 @@ def shown(command: list[str], folder: Path) -> str:
     return text.replace(str(HERE.parent) + os.sep, "")
 
 
-def say(line: str) -> None:
-    """Progress goes to stderr, so stdout holds only the report."""
-    print(line, file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     check_device(args.device)
@@ -340,11 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "median": middle,
         "targets": check_targets(rounds, middle),
     }
-    print(report(result), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        say(f"wrote {args.json}")
+    publish(result, report(result), args.json)
     return result
 
 

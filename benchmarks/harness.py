@@ -150,3 +150,17 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
         ).rstrip()
 
     return "\n".join([line(headers), *(line(row) for row in rows)])
+
+
+def say(line: str) -> None:
+    """Progress goes to stderr, so stdout holds only the report."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def publish(result: dict[str, Any], report: str, path: Path | None) -> None:
+    """The report on stdout; the result as JSON at `path` when one is given."""
+    print(report, flush=True)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        say(f"wrote {path}")

@@ -40,7 +40,9 @@ from harness import (
     git_state,
     measure,
     median,
+    publish,
     run_json,
+    say,
     table,
     train_command,
 )
@@ -200,10 +202,6 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
@@ -230,11 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rounds": rounds,
         "median": medians(rounds),
     }
-    print(report(result), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        say(f"wrote {args.json}")
+    publish(result, report(result), args.json)
     return result
 
 
