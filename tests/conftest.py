@@ -405,7 +405,7 @@ def copy_project(dest: Path) -> Path:
     ).stdout
     for name in filter(None, listed.split("\0")):
         source = ROOT / name
-        if source.is_file() and not name.startswith(("results/", "data/")):
+        if source.is_file() and not name.startswith("results/"):
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
     return dest

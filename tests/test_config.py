@@ -20,6 +20,7 @@ from reprotrain.project import conf_folder
 from reprotrain.schema import (
     FIXED,
     PACKAGE_CONF,
+    as_dict,
     section_defaults,
     target_kwargs,
     train_config,
@@ -106,6 +107,22 @@ def test_a_bad_knob_is_one_line_naming_the_keyword(knobs: dict[str, Any], expect
 def test_every_option_of_a_fixed_group_sets_every_key(section: str, option: str) -> None:
     """No key of a run is left to the schema's copy of a default."""
     assert set(composed(section, f"{section}={option}")) == set(FIXED[section].model_fields)
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [f"{group}={option}" for group in ("task", "loss", "optimizer") for option in options(group)],
+)
+def test_every_task_loss_and_optimizer_option_validates(choice: str) -> None:
+    """Each option composes with the defaults and binds to its _target_'s signature
+    (task=binary, task=whole_output, loss=bce_with_logits, optimizer=lbfgs, ...)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[choice])
+    config = validate(cfg)
+    group, option = choice.split("=")
+    source = OmegaConf.load(CONF / group / f"{option}.yaml")
+    expected = source["task"]["_target_"] if group == "task" else source["_target_"]
+    assert as_dict(config)[group]["_target_"] == expected
 
 
 def standalone(group: str) -> list[str]:

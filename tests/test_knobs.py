@@ -124,7 +124,7 @@ def test_validation_drives_early_stopping_the_best_weights_and_a_plateau_schedul
         (
             # Checked after the first step (torchmetrics is imported when first used), on it.
             ["+metrics.r2._target_=torchmetrics.regression.R2Score"],
-            "metrics.r2 (R2Score) cannot take the task's predictions (32x10) and targets (32)",
+            "metrics.r2 (R2Score) cannot take the task's predictions (2x10) and targets (2)",
         ),
         (
             ["task=regression"],

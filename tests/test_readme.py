@@ -33,6 +33,10 @@ GUIDES = {
 
 # command as the README shows it -> where it is exercised
 COVERED = {
+    "dvc add data/raw/rows.csv": "test_data_files::test_an_edited_dvc_added_data_file_reruns_prepare_and_train",
+    "git add data/raw/rows.csv.dvc data/raw/.gitignore": "test_data_files::test_an_edited_dvc_added_data_file_reruns_prepare_and_train",
+    "dvc exp run -S data=rows -S code=my_project": "test_data_files::test_an_edited_dvc_added_data_file_reruns_prepare_and_train",
+    "dvc status": "test_data_files::test_an_edited_dvc_added_data_file_reruns_prepare_and_train",
     "scripts/setup.sh && . .venv/bin/activate && dvc repro": ".ci/run (setup) + test_pipeline::test_repro_runs_once_then_is_a_no_op",
     "scripts/setup.sh && . .venv/bin/activate && pytest": ".ci/run",
     "mlflow ui --host 127.0.0.1 --port 5000": "test_docker_pipeline::mlflow_ui (same command, a free port)",

@@ -252,6 +252,8 @@ def test_outputs_default_to_the_hydra_run_folder(
         "optimizer",
         "scheduler",
         "scaler",
+        "python_rng",
+        "numpy_rng",
         "torch_rng",
         "cuda_rng",
         "task",

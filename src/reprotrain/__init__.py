@@ -34,8 +34,10 @@ _EXPORTS = {
     "Fitted": "reprotrain.trainer",
     "Task": "reprotrain.tasks",
     "Classification": "reprotrain.tasks",
+    "Binary": "reprotrain.tasks",
     "Regression": "reprotrain.tasks",
     "LanguageModel": "reprotrain.tasks",
+    "WholeOutput": "reprotrain.tasks",
     "Callback": "reprotrain.callbacks",
     "EarlyStopping": "reprotrain.callbacks",
     "MlflowRecorder": "reprotrain.tracking.mlflow_run",
@@ -44,6 +46,7 @@ _EXPORTS = {
     "UserError": "reprotrain.errors",
 }
 __all__ = [
+    "Binary",
     "Callback",
     "Classification",
     "ConfigError",
@@ -57,6 +60,7 @@ __all__ = [
     "Task",
     "Trainer",
     "UserError",
+    "WholeOutput",
     "__version__",
     "train",
 ]
@@ -65,7 +69,14 @@ if TYPE_CHECKING:
     from reprotrain.api import Result, train
     from reprotrain.callbacks import Callback, EarlyStopping
     from reprotrain.errors import ConfigError, UserError
-    from reprotrain.tasks import Classification, LanguageModel, Regression, Task
+    from reprotrain.tasks import (
+        Binary,
+        Classification,
+        LanguageModel,
+        Regression,
+        Task,
+        WholeOutput,
+    )
     from reprotrain.tracking.mlflow_run import MlflowRecorder
     from reprotrain.tracking.recorder import Recorder
     from reprotrain.trainer import Fitted, Trainer

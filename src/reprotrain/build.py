@@ -29,15 +29,15 @@ from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from reprotrain.callbacks import Callback
 from reprotrain.data import Splits, as_splits, read_npz
-from reprotrain.data.batches import Reading
+from reprotrain.data.batches import Reading, val_batches
 from reprotrain.data.splits import first_batch, input_sample
-from reprotrain.data.structure import describe, move_to
+from reprotrain.data.structure import describe, map_tensors, move_to
 from reprotrain.devices import available_memory
 from reprotrain.errors import ConfigError, DeviceError
 from reprotrain.metrics import Metric, build_metrics
 from reprotrain.schema import Config, drop_auto_fused, target_kwargs
 from reprotrain.step import LossFn, Scheduler
-from reprotrain.tasks import Classification, Task, check_task, logits_of
+from reprotrain.tasks import Classification, Task, check_task, logits_of, model_loss
 
 
 @dataclass
@@ -56,6 +56,7 @@ class Pieces:
     callbacks: dict[str, Callback] = field(default_factory=dict)
     reading: Reading = field(default_factory=Reading)  # data.shuffle, data.collate_fn
     monitor: str | None = None  # scheduler.monitor: the figure a ReduceLROnPlateau steps with
+    model_loss: bool = False  # the model returns its own loss, which trains (check_fit finds it)
 
 
 def build(config: Config, device: torch.device, splits: Splits | None = None) -> Pieces:
@@ -265,22 +266,78 @@ FIT_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, KeyError, Attribu
 
 
 def check_fit(pieces: Pieces, device: torch.device) -> Any:
-    """One forward, loss and metric update on a batch of two training items, before any step:
-    a model whose output does not fit the task, the loss or a metric fails here with the
-    shapes. Returns that batch (on the CPU) for the MLflow Model's input example. Eval mode,
-    no grad: no RNG drawn, no statistic moved, no metric or task state kept."""
+    """Before any step: one forward and loss on a batch of two training items, and the same
+    on the first validation batch (read as validation reads it) with the task's predictions
+    and count, so that a model whose output does not fit the task or the loss, inputs of
+    another dtype than the weights, or a batch the task would train on wrongly fail here in
+    one line. Sets `pieces.model_loss` (the model returns its own loss). Returns the training
+    batch (on the CPU) for the MLflow Model's input example. Eval mode, no grad: no RNG drawn,
+    no statistic moved, no metric or task state kept."""
     batch = first_batch(pieces.splits.train, 2, pieces.reading.collate_fn)
-    on_device = move_to(batch, device)
     model, task = pieces.model, pieces.task
+    task.check_batch(batch)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), task.evaluating():
+            on_device = move_to(batch, device)
             outputs = _checked_forward(model, task, on_device, batch)
             _checked_loss(pieces, outputs, on_device, batch)
+            pieces.model_loss = model_loss(outputs) is not None
+            if len(pieces.splits.val):
+                cpu, collate = torch.device("cpu"), pieces.reading.collate_fn
+                shown = next(val_batches(pieces.splits.val, cpu, 2, collate))
+                on_device = move_to(shown, device)
+                outputs = _checked_forward(model, task, on_device, shown)
+                _checked_loss(pieces, outputs, on_device, shown)
+                _checked_predictions(task, outputs, on_device, shown)
     finally:
         model.train(was_training)
     return batch
+
+
+def dtype_mismatch(model: nn.Module, task: Task, batch: Any) -> ConfigError | None:
+    """Why a forward that failed most likely did: floating-point inputs of another dtype than
+    the model's weights (float64 NumPy data for a float32 model), with both dtypes."""
+    weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    inputs = [t for t in input_tensors(batch, task.target_key) if t.is_floating_point()]
+    other = sorted({str(t.dtype).removeprefix("torch.") for t in inputs if t.dtype != weights})
+    if weights is None or not other:
+        return None
+    have = str(weights).removeprefix("torch.")
+    return ConfigError(
+        f"the data's inputs are {', '.join(other)} but the model {type(model).__name__}'s "
+        f"weights are {have}",
+        hint=f"make the inputs {have} in your data _target_ (torch.from_numpy(a).to(torch."
+        f"{have}), or a.astype('{have}')), or build the model in {', '.join(other)}",
+    )
+
+
+def input_tensors(batch: Any, target_key: str) -> list[torch.Tensor]:
+    """The tensors a batch feeds the model: a pair's or tuple's all but the last, a dict's
+    all but its targets."""
+    if isinstance(batch, tuple | list) and len(batch) > 1:
+        batch = batch[:-1]
+    elif isinstance(batch, dict):
+        batch = {k: v for k, v in batch.items() if k != target_key}
+    found: list[torch.Tensor] = []
+    map_tensors(found.append, batch)
+    return found
+
+
+def _checked_predictions(task: Task, outputs: Any, batch: Any, shown: Any) -> None:
+    """What validation asks of the task beyond the loss: its predictions and its count."""
+    try:
+        task.predictions(outputs, batch)
+        task.count(batch)
+    except FIT_ERRORS as error:
+        raise ConfigError(
+            f"validation cannot compare the model's output ({describe(outputs)}) with a "
+            f"validation batch of {describe(shown)} under task {task.name} "
+            f"({_first_line(error)})",
+            hint="give the validation split items of the training split's form, or pick the "
+            "task that fits them (README: Tasks)",
+        ) from None
 
 
 def _checked_forward(model: nn.Module, task: Any, batch: Any, shown: Any) -> Any:
@@ -289,6 +346,9 @@ def _checked_forward(model: nn.Module, task: Any, batch: Any, shown: Any) -> Any
         logits_of(outputs)
         return outputs
     except FIT_ERRORS as error:
+        mismatch = dtype_mismatch(model, task, batch)
+        if mismatch is not None:
+            raise mismatch from None
         raise ConfigError(
             f"the model {type(model).__name__} cannot take the data's batches under task "
             f"{task.name} (a batch of {describe(shown)}: {_first_line(error)})",
@@ -311,7 +371,8 @@ def _checked_loss(pieces: Pieces, outputs: Any, batch: Any, shown: Any) -> None:
             f"({_first_line(error)})",
             hint="make the model's last layer produce what the loss takes (e.g. num_classes "
             "logits for CrossEntropyLoss), or pick the task and loss that fit it "
-            "(task=regression loss=mse, task=language_model)",
+            "(task=regression loss=mse; task=binary for one logit against 0/1 targets; "
+            "task=language_model)",
         ) from None
     if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as error:
         report_and_exit(error)
     pairs = ClassPairs() if isinstance(task, Classification) else None
-    size = validation_batch_size(saved.get("batch_size", 64), task.carry_state, reading.collate_fn)
+    size = validation_batch_size(saved.get("batch_size", 64), saved.get("val_batch_size"))
     batches = val_batches(splits.val, device, size, reading.collate_fn)
     totals = evaluate(
         model, batches, task, loss_fn, device, {**metrics, "pairs": pairs} if pairs else metrics

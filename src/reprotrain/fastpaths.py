@@ -28,7 +28,7 @@ from torch import nn
 from reprotrain.data.structure import map_tensors, tensors
 from reprotrain.errors import ConfigError
 from reprotrain.schema import TrainConfig
-from reprotrain.step import Knobs, LossFn, train_step
+from reprotrain.step import Knobs, LossFn, closure_step, needs_closure, train_step
 from reprotrain.tasks import Task
 
 CAPTURE_AFTER = 3  # eager steps before the capture: kernels chosen, allocator warm
@@ -116,14 +116,35 @@ def step_function(
     """`step(batches, mark) -> loss`: train_step as the options ask for it. Also sets torch's
     TF32 switch as train.tf32 says (a process-wide setting)."""
     set_tf32(train.tf32)
+    closure = needs_closure(optimizer)
+    if closure:
+        check_closure(train, optimizer)
     if train.cuda_graphs:
         return CudaGraphStep(model, task, loss_fn, optimizer, knobs)
     forward = compiled(model) if train.compile else model
+    take = closure_step if closure else train_step
 
     def step(batches: tuple[Any, ...], mark: Callable[[str], None]) -> torch.Tensor:
-        return train_step(forward, batches, task, loss_fn, optimizer, knobs, mark)
+        return take(forward, batches, task, loss_fn, optimizer, knobs, mark)
 
     return step
+
+
+def check_closure(train: TrainConfig, optimizer: torch.optim.Optimizer) -> None:
+    """What an optimizer that needs a closure (LBFGS) cannot be combined with."""
+    name = type(optimizer).__name__
+    if train.cuda_graphs:
+        raise ConfigError(
+            f"train.cuda_graphs=true captures one fixed step, but {name}.step re-evaluates "
+            "the loss a varying number of times (it takes a closure)",
+            hint="set train.cuda_graphs=false, or use an optimizer without a closure",
+        )
+    if train.precision == "fp16":
+        raise ConfigError(
+            f"train.precision=fp16 scales the loss with a GradScaler, which cannot step "
+            f"{name} (its step takes a closure)",
+            hint="use train.precision=fp32 or bf16 with this optimizer",
+        )
 
 
 class CudaGraphStep:

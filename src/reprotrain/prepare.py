@@ -4,7 +4,9 @@
     python -m reprotrain.prepare --params other.yaml --out data/other.npz
 
 DVC hashes the file (dvc.lock), so the data is versioned like code; training reads it back
-with data.file=data/dataset.npz and records the same md5 as the run's `data.hash` tag.
+with data.file=data/dataset.npz and records the same md5 as the run's `data.hash` tag. The
+stage depends on the folder `data_files` names (the files the data `_target_` reads), so an
+edited data file re-runs it.
 """
 
 from __future__ import annotations

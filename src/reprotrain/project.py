@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from reprotrain.errors import ConfigError
 from reprotrain.usercode import check_copy_has_files
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/reprotrain/ -> the checkout
@@ -96,8 +97,23 @@ def _checked_conf_digest(*, _root_: DictConfig) -> str:
     tree.pop("conf_digest", None)
     tree.pop("hydra", None)
     config = validate(tree)
-    check_copy_has_files(tree, config.code, find_root())  # dvc exp run --queue, --temp
+    root = find_root()
+    check_copy_has_files(tree, config.code, root)  # dvc exp run --queue, --temp
+    if "dvc" in sys.modules:  # DVC composing params.yaml: its prepare stage depends on it
+        check_data_files(config.data_files, root)
     return conf_digest()
+
+
+def check_data_files(data_files: str, root: Path) -> None:
+    """`data_files` must exist for DVC to hash it (else `dvc repro` stops on its own error)."""
+    if not (root / data_files).exists():
+        raise ConfigError(
+            f"data_files={data_files!r} does not exist in the project folder {root}; allowed: "
+            "the folder (or file) of the files your data _target_ reads, relative to the "
+            "project root (DVC's prepare stage depends on it)",
+            hint=f"create it (mkdir -p {data_files}) and put those files there, or set "
+            "data_files: <their folder> in conf/config.yaml",
+        )
 
 
 def git_state(root: Path) -> tuple[str, str]:

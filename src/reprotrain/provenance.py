@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from torch.utils.data import TensorDataset
 from reprotrain import __version__
 from reprotrain.build import Pieces, class_name, data_sizes
 from reprotrain.data import file_md5
+from reprotrain.data.prepared import files_md5
 from reprotrain.data.splits import first_batch
 from reprotrain.data.structure import describe
 from reprotrain.project import find_root, git_state
@@ -55,12 +57,27 @@ def built_tags(pieces: Pieces) -> dict[str, str]:
         "data.val_samples": str(len(pieces.splits.val)),
         "model.class": class_name(pieces.model),
         "optimizer.class": class_name(pieces.optimizer),
-        "loss.class": class_name(pieces.loss_fn),
+        # The loss that trains: the model's own when it returns one (a Hugging Face model
+        # given labels), else the loss config's.
+        "loss.class": f"{class_name(pieces.model)}.loss (the model's own)"
+        if pieces.model_loss
+        else class_name(pieces.loss_fn),
         "model.parameters": str(count_parameters(pieces.model)),
     }
     if pieces.scheduler is not None:
         tags["scheduler.class"] = class_name(pieces.scheduler)
     return tags
+
+
+def decided_params(pieces: Pieces) -> dict[str, str]:
+    """What the run decided from the pieces rather than read from the config: the loss that
+    trains (`loss.source`: model or loss_fn) and, for a language model, whether the labels
+    are shifted against the outputs (`task.shifts_labels`, what task.shift=auto chose)."""
+    params = {"loss.source": "model" if pieces.model_loss else "loss_fn"}
+    shifts = getattr(pieces.task, "shifts", None)
+    if isinstance(shifts, bool):
+        params["task.shifts_labels"] = str(shifts).lower()
+    return params
 
 
 def input_shape_tag(pieces: Pieces, sizes: dict) -> str:
@@ -84,20 +101,30 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-NOT_COMPUTED = "not computed"  # data.hash of a streamed dataset (reproduce names it)
+NOT_COMPUTED = "not computed"  # data.hash of a run that recorded none (reproduce names it)
 
 
 def data_hash(config: Config, pieces: Pieces) -> str:
-    """md5 of the prepared file (as in dvc.lock), or of in-memory tensors; else 'not computed'
-    (a streamed dataset is not read twice to hash it: its config is recorded instead)."""
+    """What the run's data is, as one md5: of the prepared file (as in dvc.lock), of in-memory
+    tensors, else (a Dataset, which is not read item by item to hash it) of the data config
+    and the files under `data_files`, the files it reads: equal hashes, the same data."""
     if config.data.get("file"):
         return file_md5(Path(config.data["file"]))
+    train, val = pieces.splits.train, pieces.splits.val
+    if not (isinstance(train, TensorDataset) and isinstance(val, TensorDataset)):
+        return data_files_hash(config)
     digest = hashlib.md5()
-    for split in (pieces.splits.train, pieces.splits.val):
-        if not isinstance(split, TensorDataset):
-            return NOT_COMPUTED
-        for tensor in split.tensors:
-            digest.update(tensor.contiguous().numpy().tobytes())
+    for tensor in (*train.tensors, *val.tensors):
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def data_files_hash(config: Config, root: Path | None = None) -> str:
+    """md5 of the data config (its `_target_` and arguments) and of the files under
+    `data_files`, relative to the project root: what a Dataset is built from."""
+    data = {key: value for key, value in config.data.items() if key != "file"}
+    digest = hashlib.md5(json.dumps(data, sort_keys=True, default=str).encode() + b"\0")
+    digest.update(files_md5((root or find_root()) / config.data_files).encode())
     return digest.hexdigest()
 
 

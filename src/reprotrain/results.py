@@ -143,6 +143,7 @@ class RunOutputs:
             "metrics": tree["metrics"],
             "collate_fn": tree["data"].get("collate_fn"),
             "batch_size": config.train.batch_size,
+            "val_batch_size": config.train.val_batch_size,
         }
         files = [
             write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(tree))),

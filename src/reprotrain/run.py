@@ -36,7 +36,13 @@ from reprotrain.devices import DeviceInfo, describe_device, resolve_device, set_
 from reprotrain.errors import ConfigError, DeviceError, TrackingError
 from reprotrain.outputs import check_writable, claim
 from reprotrain.project import default_tracking_uri
-from reprotrain.provenance import count_parameters, dataset_source, run_name, run_tags
+from reprotrain.provenance import (
+    count_parameters,
+    dataset_source,
+    decided_params,
+    run_name,
+    run_tags,
+)
 from reprotrain.results import RunOutputs
 from reprotrain.schema import Config, as_dict, flatten
 from reprotrain.seeding import seed_everything
@@ -252,7 +258,7 @@ class Run:
                 **run_tags(config, pieces, self.runtime),
                 **distributed_tags(config, self.group),
             },
-            flatten(as_dict(config)),
+            {**flatten(as_dict(config)), **decided_params(pieces)},
             resume_run_id=self.resume_from["run_id"] if self.resume_from else "",
             checkpoint_dir=Path(config.train.checkpoint_dir).resolve(),
         )

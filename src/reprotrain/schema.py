@@ -124,6 +124,7 @@ class TrainConfig(Section):
     objective: str  # val/loss, train/loss or val/<metric>: sweeps, best, stopping
     # Validation during training, and what it drives
     val_every: Literal["epoch"] | NonNegativeInt  # steps between validations (0: at the end)
+    val_batch_size: PositiveInt | None  # None: batch_size (val/loss on train/loss's scale)
     early_stopping: EarlyStoppingConfig | None  # stop when the objective stalls
     keep_best: bool  # outputs and MLflow Model from the best validation's weights
     # The step's knobs
@@ -186,6 +187,8 @@ class OptimizerRanges(BaseModel):
 DEFAULT_TASK = {"_target_": "reprotrain.tasks.Classification"}
 # `code` where a project names none: reprotrain's built-in models (README: Your own code).
 DEFAULT_CODE = "src/reprotrain/models"
+# `data_files` where a project names none: the folder for the files a data _target_ reads.
+DEFAULT_DATA_FILES = "data/raw"
 
 
 class Config(BaseModel):
@@ -204,6 +207,7 @@ class Config(BaseModel):
     runtime: RuntimeConfig
     conf_digest: str | None = None  # conf/'s digest when composed into params.yaml by DVC
     code: str = DEFAULT_CODE  # the project's own code (a folder): the DVC stages depend on it
+    data_files: str = DEFAULT_DATA_FILES  # the files your data reads: the prepare stage's dep
 
 
 FIXED: dict[str, type[Section]] = {
@@ -294,7 +298,18 @@ def validate(cfg: DictConfig | dict) -> Config:
     for name in ("metrics", "callbacks"):
         sections[name] = _named_nodes(name, tree.get(name))
     _split_device_index(sections["device"])
-    config = Config(**sections, conf_digest=tree.get("conf_digest"), code=_code(tree.get("code")))
+    config = Config(
+        **sections,
+        conf_digest=tree.get("conf_digest"),
+        code=_code(tree.get("code")),
+        data_files=_project_path(
+            "data_files",
+            tree.get("data_files"),
+            DEFAULT_DATA_FILES,
+            "set data_files: <the folder of the files your data _target_ reads> in "
+            "conf/config.yaml",
+        ),
+    )
     check_targets(config)
     _check_cross_field(config)
     _check_tracking_uri(config.tracking)
@@ -304,8 +319,20 @@ def validate(cfg: DictConfig | dict) -> Config:
 def _code(value: Any) -> str:
     """`code`: the folder (or file) of the project's own code, relative to the project root;
     dvc.yaml's stages depend on it (`${code}`)."""
+    return _project_path(
+        "code",
+        value,
+        DEFAULT_CODE,
+        "set code: <the folder of your own code> in conf/config.yaml",
+        example="my_project",
+    )
+
+
+def _project_path(key: str, value: Any, default: str, hint: str, example: str = "") -> str:
+    """A path inside the project, relative to its root (a dvc.yaml dependency): `code`,
+    `data_files`."""
     if value is None:
-        return DEFAULT_CODE
+        return default
     if (
         not isinstance(value, str)
         or not value.strip()
@@ -313,9 +340,9 @@ def _code(value: Any) -> str:
         or ".." in value.split("/")
     ):
         raise ConfigError(
-            f"code={value!r} is not a path inside the project; allowed: a folder or file "
-            "relative to the project root, e.g. my_project",
-            hint="set code: <the folder of your own code> in conf/config.yaml",
+            f"{key}={value!r} is not a path inside the project; allowed: a folder or file "
+            f"relative to the project root, e.g. {example or default}",
+            hint=hint,
         )
     return value
 
@@ -360,7 +387,10 @@ def check_targets(config: Config) -> None:
     """Import every `_target_` and bind its keys to the callable's signature."""
     check_target("model", config.model, provided=DATA_SIZES, kind=torch.nn.Module)
     check_target("data", config.data)
-    check_target("loss", config.loss)
+    # A loss function (`_partial_: true`) is called with the task's arguments: (predictions,
+    # targets), or task.loss_args's.
+    called_with = len(config.task.get("loss_args") or ("predictions", "targets"))
+    check_target("loss", config.loss, positional=called_with if config.loss.get("_partial_") else 0)
     optimizer = drop_auto_fused(config.optimizer)
     check_target("optimizer", optimizer, positional=1, kind=torch.optim.Optimizer)
     _check_optimizer_ranges(config.optimizer)

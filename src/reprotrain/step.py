@@ -15,9 +15,10 @@ it (`.item()`, `.cpu()`) waits for the GPU, so the loop reads losses in batches 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -115,6 +116,68 @@ def train_step(
     return total / k if k > 1 else total  # still on the device: no sync here
 
 
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Does `optimizer.step` require a closure (LBFGS's `step(closure)`), rather than take
+    an optional one as most optimizers' `step(closure=None)` do?"""
+    try:
+        parameter = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def closure_step(
+    model: nn.Module,
+    batches: Sequence[Any],
+    task: Task,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    knobs: Knobs | None = None,
+    mark: Callable[[str], None] = _no_mark,
+) -> torch.Tensor:
+    """The step for an optimizer that re-evaluates the loss itself (LBFGS): the same five
+    steps, with forward, loss, zero_grad and backward handed to `step` as its closure, which
+    it calls as often as it needs (LBFGS: up to max_iter times, with the line search). The
+    gradients are clipped inside the closure when clip_grad_norm is set; with gradient
+    accumulation the closure covers the k micro-batches. Returns the loss before the update
+    (the closure's first evaluation), still on the device."""
+    knobs = knobs or Knobs()
+    k = len(batches)
+    if k == 0:
+        raise ValueError(
+            "closure_step got batches=[]; give one batch: closure_step(model, [batch], ...)"
+        )
+    marks = [mark]  # the first evaluation's phases; later ones are the optimizer's time
+
+    def closure() -> torch.Tensor:
+        stamp = marks.pop() if marks else _no_mark
+        optimizer.zero_grad(set_to_none=True)  # 3. zero_grad
+        total: torch.Tensor | None = None
+        for i, batch in enumerate(batches):
+            with _gradient_sync(model, last=i == k - 1):
+                with knobs.autocast:
+                    outputs = task.forward(model, batch)  # 1. forward
+                    loss = task.loss(outputs, batch, loss_fn)  # 2. loss
+                stamp("forward")
+                (loss / k if k > 1 else loss).backward()  # 4. backward
+                stamp("backward")
+            total = loss.detach() if total is None else total + loss.detach()
+        if knobs.clip_grad_norm:
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(parameters, knobs.clip_grad_norm)
+        assert total is not None
+        return total / k if k > 1 else total
+
+    try:
+        # 5. step, evaluating the closure as it needs; it returns the first evaluation's
+        # loss (torch types the closure's value as a float: ours is the loss tensor).
+        loss = optimizer.step(cast(Callable[[], float], closure))
+    except RuntimeError as error:
+        raise _explain_device_mismatch(error, model, batches[0]) from error
+    mark("optimizer")
+    return cast(torch.Tensor, loss)
+
+
 def _gradient_sync(model: nn.Module, last: bool) -> Any:
     """DDP all-reduces the gradients at the last micro-batch's backward only."""
     no_sync = getattr(model, "no_sync", None)
@@ -159,8 +222,14 @@ def evaluate(
             totals[0] += task.loss(outputs, batch, loss_fn).float() * count
             totals[1] += count
             if metrics:
-                predictions, targets = task.predictions(outputs, batch)
+                # Contiguous: metrics reshape with .view, which a sliced view of the data
+                # (torch.from_numpy(a[3:, :-1])) cannot take.
+                predictions, targets = map(_contiguous, task.predictions(outputs, batch))
                 for metric in metrics.values():
                     metric.update(predictions, targets)
     model.train(was_training)
     return totals
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous()

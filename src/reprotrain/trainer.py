@@ -53,6 +53,7 @@ from reprotrain.metrics import MISFIT_ERRORS, Metric, higher_is_better, misfit
 from reprotrain.metrics import compute as compute_metrics
 from reprotrain.progress import Progress
 from reprotrain.schema import TrainConfig, train_config
+from reprotrain.seeding import VALIDATION_STREAM, restore_rng_states, rng_states, seeded
 from reprotrain.step import LossFn, Scheduler, evaluate, move_batch_to_device
 from reprotrain.stopping import GracefulStop
 from reprotrain.tasks import Classification, Task
@@ -408,18 +409,23 @@ class Trainer:
             self.validation = (self.best.step, dict(self.best.values))
 
     def check_metrics(self, batch: Any) -> None:
-        """Each metric takes the task's predictions on `batch` (eval mode, no grad, nothing
-        kept): a metric that does not fit the task is one line after the first step, not at
-        the first validation. After it, not before it, so that the metrics' library is
-        imported when the run first uses it (torchmetrics: ~2 s of start-up)."""
+        """Each metric takes the task's predictions on the first validation batch (as
+        validation reads it; `batch`, a training batch, without validation data): eval mode,
+        no grad, nothing kept. A metric that does not fit the task is one line after the
+        first step, not at the first validation. After it, not before it, so that the
+        metrics' library is imported when the run first uses it (torchmetrics: ~2 s of
+        start-up)."""
         self.metrics_checked = True
+        if self.val_data is not None and len(self.val_data):
+            batch = next(val_batches(self.val_data, self.device, 2, self.reading.collate_fn))
         batch = move_batch_to_device(batch, self.device)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), self.task.evaluating():
-                predictions, targets = self.task.predictions(
-                    self.task.forward(self.model, batch), batch
+                predictions, targets = (
+                    t.contiguous()
+                    for t in self.task.predictions(self.task.forward(self.model, batch), batch)
                 )
                 for name, metric in self.metrics.items():
                     try:
@@ -448,7 +454,10 @@ class Trainer:
             group.rank,
             group.world_size,
         )
-        totals = evaluate(self.model, val, self.task, self.loss_fn, self.device, self.metrics)
+        # Read with its own seeds: what the data draws is the same at every validation, and
+        # training's streams go on after it as if it had not run.
+        with seeded(self.train.seed, group.rank, self.step, VALIDATION_STREAM):
+            totals = evaluate(self.model, val, self.task, self.loss_fn, self.device, self.metrics)
         loss_sum, count = group.mean(totals).cpu().tolist()  # sync point: once per validation
         values = {"val/loss": loss_sum / count if count else float("nan")}
         values.update({f"val/{k}": v for k, v in compute_metrics(self.metrics).items()})
@@ -456,9 +465,7 @@ class Trainer:
 
     @property
     def val_batch_size(self) -> int:
-        return validation_batch_size(
-            self.train.batch_size, self.task.carry_state, self.reading.collate_fn
-        )
+        return validation_batch_size(self.train.batch_size, self.train.val_batch_size)
 
     def stop_early(self, reason: str) -> None:
         """Stop after this step; the run ends FINISHED, tagged with the reason."""
@@ -510,7 +517,9 @@ class Trainer:
         RNG states, the step (the batch order is derived from train.seed and the step), the
         task's state (a recurrent model's hidden state), the callbacks' states, the best
         validation, the losses so far, and once fit() has ended, its timings (a run killed
-        after training finishes from them)."""
+        after training finishes from them). The RNG states are the process's (Python's,
+        NumPy's, torch's) at the call: take it where the run stops, before anything else
+        draws or seeds."""
         scheduler, scaler = self.scheduler, self.knobs.scaler
         return {
             "step": self.step,
@@ -519,8 +528,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            **rng_states(),  # Python's, NumPy's, torch's (CPU and CUDA)
             "task": self.task.state_dict(),
             "callbacks": {
                 name: callback.state_dict()
@@ -541,9 +549,7 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.knobs.scaler is not None and state.get("scaler") is not None:
             self.knobs.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        restore_rng_states(state)
         self.task.load_state_dict(state.get("task") or {})
         self.task.to(self.device)
         for name, kept in (state.get("callbacks") or {}).items():

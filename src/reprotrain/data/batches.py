@@ -9,12 +9,16 @@ resumed run, or the other way, sees exactly what an uninterrupted run sees; with
 
 - **resident**: the whole split lives on the device; a batch is a slice of the epoch's
   shuffled copy, so nothing is copied inside the loop. For data that fits (train.resident_data)
-  and items of one shape (tensors, or tuples and dicts of them).
+  and items of one shape (tensors, or tuples and dicts of them). Its items are read once,
+  seeded from (seed, rank) alone: what they draw is the same in every run (and drawn once:
+  a dataset that augments every time it is read wants train.resident_data=false).
 - **streamed**: a `torch.utils.data.DataLoader` reads the batches the sampler names
   (`train.num_workers` worker processes, pinned memory for a GPU) and collates them
   (`data.collate_fn`: padding to the longest item, say); the loop moves each batch to the
-  device, as the lesson does. In a container, workers share batches through /dev/shm:
-  `runtime.shm_size` (1g) bounds it.
+  device, as the lesson does. Each step's items are read and collated seeded from (seed,
+  rank, step) (SeededReads): what a dataset draws from `random`, NumPy or torch is the same
+  after a resume and whatever `train.num_workers`. In a container, workers share batches
+  through /dev/shm: `runtime.shm_size` (1g) bounds it.
 The ragged tail of an epoch is dropped: every step sees a full batch.
 
 Under torchrun (`rank` of `world` processes) a step's global batch is `batch_size x world`
@@ -32,13 +36,15 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, default_collate
 
 from reprotrain.data.splits import MapDataset, nbytes, to_tensors
 from reprotrain.data.structure import map_tensors
 from reprotrain.errors import ConfigError
+from reprotrain.seeding import seeded
 
 RESIDENT_HOST_LIMIT = 1 << 30  # materialise a non-tensor dataset only up to 1 GiB
+RESIDENT_STREAM = 0  # the seeds a resident split's items are read with (steps are >= 1)
 
 
 class Batches(Protocol):
@@ -58,7 +64,7 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Te
 
 
 class EpochBatches:
-    """A batch sampler: the sample indices of steps start+1..total (this rank's slice)."""
+    """A batch sampler: `(step, sample indices)` for steps start+1..total (this rank's slice)."""
 
     def __init__(
         self,
@@ -79,7 +85,7 @@ class EpochBatches:
     def __len__(self) -> int:
         return self.total - self.start
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
         epoch, position = divmod(self.start, self.batches_per_epoch)
         step = self.start
         while step < self.total:
@@ -88,9 +94,47 @@ class EpochBatches:
                 if step >= self.total:
                     return
                 first = i * self.stride + self.offset
-                yield order[first : first + self.batch_size].tolist()
                 step += 1
+                yield step, order[first : first + self.batch_size].tolist()
             epoch, position = epoch + 1, 0
+
+
+class SeededReads:
+    """The dataset as the DataLoader reads it: each step's items are read and collated with
+    Python's `random`, NumPy's global generator and torch's CPU generator seeded from (seed,
+    rank, step) (seeding.seeded), so what the dataset or the collate function draws (a sampled
+    pair, an augmentation, a masked token) depends on the step alone: the same in a worker
+    process or in this one, after a resume, whatever ran before."""
+
+    def __init__(
+        self,
+        dataset: MapDataset,
+        seed: int,
+        rank: int,
+        collate_fn: Callable[[list[Any]], Any] | None,
+    ) -> None:
+        self.dataset, self.seed, self.rank = dataset, seed, rank
+        self.collate_fn = collate_fn or default_collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, draw: tuple[int, list[int]]) -> Any:
+        """The collated batch of `draw` = (step, indices); the DataLoader's own collate step
+        passes it on (`as_read`)."""
+        step, indices = draw
+        with seeded(self.seed, self.rank, step):
+            many = getattr(self.dataset, "__getitems__", None)
+            items = list(many(indices)) if many is not None else [self.dataset[i] for i in indices]
+            return self.collate_fn(items)
+
+
+def as_read(batch: Any) -> Any:
+    """The DataLoader's collate step for SeededReads, which has collated the batch already."""
+    return batch
 
 
 class ResidentBatches:
@@ -108,7 +152,8 @@ class ResidentBatches:
         world: int = 1,
         shuffle: bool = True,
     ) -> None:
-        self.data = map_tensors(lambda t: t.to(device), to_tensors(dataset))
+        with seeded(seed, rank, RESIDENT_STREAM):  # what the items draw: the same each run
+            self.data = map_tensors(lambda t: t.to(device), to_tensors(dataset))
         self.n = len(dataset)
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         self.batches_per_epoch = self.n // (batch_size * world)
@@ -156,11 +201,11 @@ class LoaderBatches:
         self.dataset, self.batch_size, self.seed = dataset, train.batch_size, train.seed
         self.rank, self.world, self.shuffle = rank, world, reading.shuffle
         self.batches_per_epoch = len(dataset) // (self.batch_size * world)
+        self.collate_fn = reading.collate_fn
         self.options = {
             "num_workers": train.num_workers,
             "pin_memory": train.pin_memory and device.type == "cuda",  # copies overlap compute
             "persistent_workers": train.persistent_workers and train.num_workers > 0,
-            "collate_fn": reading.collate_fn,
         }
 
     def take(self, total: int, start: int = 0) -> Iterator[Any]:
@@ -174,10 +219,13 @@ class LoaderBatches:
             self.world,
             self.shuffle,
         )
-        # The generator seeds the workers (their torch/random seeds): the same each run.
+        # Each batch is read seeded from its step (SeededReads); the generator seeds the
+        # workers' own streams, the same each run.
+        reads = SeededReads(self.dataset, self.seed, self.rank, self.collate_fn)
         loader = DataLoader(
-            as_torch_dataset(self.dataset),
-            batch_sampler=sampler,
+            as_torch_dataset(reads),
+            batch_sampler=cast(Any, sampler),  # yields (step, indices): SeededReads reads them
+            collate_fn=as_read,
             generator=torch.Generator().manual_seed(self.seed),
             **self.options,
         )
@@ -239,16 +287,18 @@ def as_torch_dataset(dataset: MapDataset) -> Dataset[Any]:
     return cast(Dataset[Any], dataset)
 
 
-def validation_batch_size(batch_size: int, carry_state: bool, collate_fn: Any) -> int:
-    """Large batches for tensors; the training batch size for a recurrent model's streams
-    (a hidden state per row) and for items a collate function pads."""
-    return batch_size if carry_state or collate_fn is not None else max(batch_size, 4096)
+def validation_batch_size(batch_size: int, val_batch_size: int | None = None) -> int:
+    """Validation reads batches of `train.val_batch_size`, else of `train.batch_size`: a loss
+    that sums over its batch (reduction='sum') then gives `val/loss` on `train/loss`'s scale,
+    and a mean loss the same per-sample mean whatever the batch (each batch's loss is weighted
+    by what it averaged over: step.evaluate)."""
+    return val_batch_size or batch_size
 
 
 def val_batches(
     dataset: MapDataset,
     device: torch.device,
-    batch_size: int = 4096,
+    batch_size: int,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     rank: int = 0,
     world: int = 1,

@@ -146,10 +146,30 @@ def _read_dicts(path: Path, archive: Any) -> Splits:
 
 def file_md5(path: Path) -> str:
     digest = hashlib.md5()
+    _update_with_file(digest, path)
+    return digest.hexdigest()
+
+
+def files_md5(path: Path) -> str:
+    """md5 of the files under a folder (each one's path relative to it, then its bytes, in
+    path order), of one file, or of nothing where `path` does not exist: the content of the
+    files a dataset reads, read in chunks, never item by item."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.md5()
+    for file in files:
+        if not file.is_file():
+            continue
+        name = file.relative_to(path).as_posix() if file != path else file.name
+        digest.update(name.encode() + b"\0")
+        _update_with_file(digest, file)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _update_with_file(digest: Any, path: Path) -> None:
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
-    return digest.hexdigest()
 
 
 def items_of(dataset: MapDataset) -> list[Any]:

@@ -34,6 +34,7 @@ from reprotrain.tracking.failures import is_store_failure
 
 MODEL_NAME = "model"  # the artifact path: runs:/<run id>/model
 EXAMPLE_ROWS = 4  # rows of the input example kept in the MLflow Model
+MODEL_ERROR_TAG = "reprotrain.model_error"  # why mlflow.pyfunc cannot serve the logged model
 
 
 def log_pytorch_model(model: Any, input_example: Any, registered_name: str | None = None) -> Any:
@@ -47,7 +48,9 @@ def log_pytorch_model(model: Any, input_example: Any, registered_name: str | Non
     # A CPU copy in eval mode: loadable on any machine, and the caller's model is untouched.
     snapshot = copy.deepcopy(model).to("cpu").eval()
     example = example_batch(input_example)
-    output = predictions(snapshot, example) if example is not None else None
+    raw = called(snapshot, example) if example is not None else None
+    output = logits_of(raw).detach().numpy() if raw is not None else None
+    refusal = pyfunc_refusal(example, raw)
     signature = infer_signature(example, output) if example is not None else None
     if output is None:  # the model needs more than its inputs (a recurrent model's state):
         example = None  # no example MLflow would try to call it on
@@ -68,6 +71,10 @@ def log_pytorch_model(model: Any, input_example: Any, registered_name: str | Non
                 serialization_format=serialization_format,
             )
 
+        if refusal is not None:
+            # The model is logged all the same (mlflow.pytorch.load_model loads it); the tag
+            # says why `mlflow.pyfunc` (and `mlflow models serve`) cannot serve it.
+            mlflow.set_tag(MODEL_ERROR_TAG, refusal)
         if not isinstance(example, np.ndarray):  # torch.export traces one tensor input here
             return log("pickle")
         try:
@@ -116,18 +123,41 @@ def example_batch(input_example: Any) -> Any:
     return np.concatenate([batch, batch]) if len(batch) == 1 else batch
 
 
-def predictions(model: Any, example: Any) -> Any:
-    """The model's predictions on the example, as numpy (the signature's output); None when
-    the model cannot be called on the inputs alone (a recurrent model that needs a state)."""
+def called(model: Any, example: Any) -> Any:
+    """What the model returns for the example (None when it cannot be called on the inputs
+    alone: a recurrent model that needs a state)."""
     try:
         with torch.no_grad():
             if isinstance(example, dict):
                 output = model(**{k: torch.from_numpy(v) for k, v in example.items()})
             else:
                 output = model(torch.from_numpy(example))
-        return logits_of(output).detach().numpy()
+        logits_of(output)
+        return output
     except (RuntimeError, TypeError, ValueError):
         return None
+
+
+def pyfunc_refusal(example: Any, output: Any) -> str | None:
+    """Why `mlflow.pyfunc` cannot serve the model (its PyTorch flavour calls the model on one
+    array and returns a tensor output as an array), or None when it can."""
+    load = "load it with mlflow.pytorch.load_model and call it as in training"
+    if example is None:
+        return None  # nothing to tell from
+    if output is None:
+        return f"pyfunc cannot serve it: the model needs more than its inputs (a state); {load}"
+    if isinstance(example, dict):
+        return (
+            f"pyfunc cannot serve it: the model takes {len(example)} named inputs "
+            f"({', '.join(example)}) where mlflow.pyfunc's PyTorch flavour passes one array; "
+            f"{load}"
+        )
+    if not isinstance(output, torch.Tensor):
+        return (
+            f"pyfunc cannot serve it: the model returns a {type(output).__name__}, not one "
+            f"tensor, which mlflow.pyfunc's PyTorch flavour requires; {load}"
+        )
+    return None
 
 
 def carried_code(model: Any, scratch: Path) -> list[str]:
