@@ -268,8 +268,6 @@ def test_evaluate_rebuilds_any_model_from_model_pt(
         str(tmp_path / "results" / "model.pt"),
         "--data",
         str(prepared),
-        "--train-metrics",
-        str(tmp_path / "results" / "metrics.json"),
         "--out-dir",
         str(tmp_path / "eval"),
     )
@@ -280,6 +278,42 @@ def test_evaluate_rebuilds_any_model_from_model_pt(
     assert store.only_run().data.metrics["val/eval_accuracy"] == pytest.approx(
         recorded["val_accuracy"]
     )
+    run_id = store.only_run().info.run_id
+    assert f"added to run {run_id} as val/eval_*" in result.stdout
+
+    # Another run's model evaluated here: its figures go to its own run, never to the run
+    # results/metrics.json names (a pipeline's).
+    other = tmp_path / "other"
+    other.mkdir()
+    here.train(other, store, "model=cnn", "data=digits_images", f"data.file={prepared}",
+               "train.steps=20")  # fmt: skip
+    (other_run,) = [r for r in store.runs() if r.info.run_id != run_id]
+    again = here.module(
+        "evaluate",
+        "--model",
+        str(other / "results" / "model.pt"),
+        "--data",
+        str(prepared),
+        "--out-dir",
+        str(tmp_path / "eval-other"),
+        cwd=tmp_path,  # where results/metrics.json names the first run
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    history = store.client.get_metric_history
+    assert len(history(run_id, "val/eval_loss")) == 1  # the first evaluate's only
+    assert len(history(other_run.info.run_id, "val/eval_loss")) == 1
+
+    # Data of another shape: one line naming both.
+    from reprotrain.data import synthetic
+
+    write_npz(synthetic(num_samples=64), tmp_path / "flat.npz")
+    misfit = here.module(
+        "evaluate", "--model", str(tmp_path / "results" / "model.pt"),
+        "--data", str(tmp_path / "flat.npz"), "--out-dir", str(tmp_path / "eval-flat"),
+    )  # fmt: skip
+    assert misfit.returncode == 2 and "Traceback" not in misfit.stderr, misfit.stderr[-2000:]
+    assert len(misfit.stderr.strip().splitlines()) == 1
+    assert "it was trained on batches of (2x1x8x8, 2), these are (2x" in misfit.stderr
 
 
 BAD = {

@@ -82,6 +82,19 @@ BAD = {
         ["model._target_=nosuch_package.Net"],
         "model._target_='nosuch_package.Net' cannot be imported",
     ),
+    "a negative validation cadence": (
+        ["train.val_every=-1"],
+        "train.val_every=-1 is out of range; allowed: epoch or an integer >= 0",
+    ),
+    "a nested key out of range": (
+        ["train.val_every=5", "train.early_stopping={patience:-1}"],
+        "train.early_stopping.patience=-1 is out of range; allowed: an integer >= 1; fix: give "
+        "train.early_stopping.patience=<an integer >= 1>",
+    ),
+    "a name longer than MLflow takes": (
+        ["tracking.experiment=" + "x" * 100_000],
+        "... (100,002 characters) is out of range; allowed: at most 500 characters",
+    ),
 }
 
 
@@ -94,5 +107,14 @@ def test_a_bad_value_is_one_config_error_line_naming_it(
         validate(cfg)
     line = raised.value.one_line()
     assert expected in line, line
+    assert len(line) < 600  # a huge value is cut, its length said
     assert "\n" not in line and "; fix: " in line  # what to do about it, on the same line
     assert isinstance(raised.value, UserError)  # printed as one line, exit code 2
+
+
+def test_a_number_too_long_to_parse_is_one_short_line(app_in_process) -> None:
+    result = app_in_process("runtime=local", "experiment=smoke", "train.steps=" + "9" * 5000)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("reprotrain: error: cannot parse the override 'train.steps=999")
+    assert "(5,014 characters)" in line and len(line) < 600

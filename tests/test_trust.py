@@ -5,8 +5,11 @@ this process (conftest.InProcess)."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import pickle
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +19,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from hydra.utils import get_object
 
 from conftest import InProcess, Store, process_state_kept
 from reprotrain.reproduce import main as reproduce_main
-from reprotrain.trust import recorded_targets
+from reprotrain.trust import BUILT_FUNCTIONS, BUILT_KINDS, Judge, recorded_targets
 
 # The tests share one recorded run: one worker runs them all, one after another.
 pytestmark = pytest.mark.xdist_group("recorded-run")
@@ -147,7 +151,7 @@ TAMPERED = {
     ),
     "a target nested in a section": (
         nested_open,
-        "model.hidden_size._target_='builtins.open', which is not reprotrain's",
+        "model.hidden_size._target_='builtins.open', which is under a key that builds nothing",
     ),
     "a recorded config missing a section": (
         without_train,
@@ -186,6 +190,10 @@ def test_reproduce_with_trust_builds_a_target_from_elsewhere(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "  loss._target_: vouched.Loss (NOT TRUSTED" in result.stdout
+    assert (  # --trust says what it builds that is not trusted
+        "reproduce: --trust: building 1 untrusted _target_ as the recorded config names: "
+        "loss._target_=vouched.Loss" in result.stdout
+    )
     assert "losses match bit for bit (20 steps)" in result.stdout
 
 
@@ -200,6 +208,11 @@ def test_what_is_trusted_in_a_config_from_elsewhere(
     (tmp_path / "pyproject.toml").write_text('[tool.reprotrain]\ntrusted = ["vouched"]\n')
     (tmp_path / "my_project").mkdir()
     (tmp_path / "my_project" / "__init__.py").write_text("")
+    (tmp_path / "my_project" / "models.py").write_text(
+        "import sys\n\nimport numpy as np\nimport torch\nfrom torch import save\n\n\n"
+        "class Net(torch.nn.Module):\n    pass\n\n\nload = np.load\n"
+    )
+    (tmp_path / "vouched.py").write_text("def anything():\n    return None\n")
     artifacts = tmp_path / "mlruns" / "abc" / "artifacts"  # the default store's artifacts
     artifacts.mkdir(parents=True)
     (artifacts / "evil.py").write_text("raise SystemExit('imported')\n")
@@ -219,13 +232,96 @@ def test_what_is_trusted_in_a_config_from_elsewhere(
         "torch.utils.data.datapipes.iter.RoutedDecoder": None,  # unpickles *.pickle files
         "torch.nn.modules.batchnorm._BatchNorm": None,  # a module, but a private name
         "reprotrain.outputs.write_text": None,
+        # Judged by what the name resolves to, never by its prefix:
+        "torch.nn.functional.np.bytes_.tofile": None,  # NumPy, imported by torch
+        "my_project.models.torch.save": None,  # torch's save, imported by the project
+        "my_project.models.save": None,  # the same, bound to a name of the project's module
+        "my_project.models.load": None,  # numpy.load under a project name
+        "my_project.models.sys.path.insert": None,
+        "torch.UntypedStorage.from_file": None,  # a method of a torch class
+        "torch.nn.Linear.register_forward_hook": None,
+        "numpy.ndarray.tofile": None,  # a C method: it names no module
     }
-    tree = {"section": [{"_target_": path} for path in expected]}
-    judged = {target.path: target for target in recorded_targets(tree)}
+    judged = {path: recorded_targets({"model": {"_target_": path}})[0] for path in expected}
     for path, why in expected.items():
         assert judged[path].trusted == (why is not None), judged[path]
         assert why is None or judged[path].why == why, judged[path]
     assert "mlruns" not in sys.modules
+    assert "reached through torch.nn.functional, where module numpy" in (
+        judged["torch.nn.functional.np.bytes_.tofile"].why
+    )
+
+    # Only a builder's key may hold a _target_: not a task's argument, nor _args_.
+    nested = {
+        "task": {
+            "_target_": "reprotrain.tasks.Classification",
+            "target_key": {"_target_": "torch.nn.Linear"},
+            "_args_": [{"_target_": "torch.nn.Linear"}],
+        },
+        "metrics": {"accuracy": {"_target_": "torch.nn.Linear"}},
+    }
+    verdicts = {t.key: t.trusted for t in recorded_targets(nested)}
+    assert verdicts == {
+        "task._target_": True,
+        "task.target_key._target_": False,
+        "task._args_.0._target_": False,
+        "metrics.accuracy._target_": True,
+    }
+
+
+TRUSTED_ROOTS = ("torch", "torch.nn", "torch.nn.functional", "torch.optim", "reprotrain")
+
+
+def attribute_paths(root: str) -> list[str]:
+    """Every public attribute path from `root`: three names deep through modules, two
+    through classes."""
+    found: list[str] = []
+
+    def walk(prefix: str, obj: object, depth: int) -> None:
+        for name in dir(obj):
+            if name.startswith("__"):
+                continue
+            try:
+                value = getattr(obj, name)
+            except Exception:
+                continue
+            path = f"{prefix}.{name}"
+            found.append(path)
+            if (
+                depth < 3
+                and isinstance(value, types.ModuleType)
+                or depth < 2
+                and inspect.isclass(value)
+            ):
+                walk(path, value, depth + 1)
+
+    walk(root, importlib.import_module(root), 1)
+    return found
+
+
+@pytest.mark.filterwarnings("ignore")  # deprecated torch names warn when read
+def test_no_attribute_path_from_trusted_code_reaches_anything_else() -> None:
+    """Walk every attribute path from torch and reprotrain (some 200,000): each one the trust
+    check accepts must resolve, step by step as Hydra resolves it, through torch's and
+    reprotrain's own modules only, to a class of a kind reprotrain builds or a function of
+    BUILT_FUNCTIONS defined there."""
+    judge = Judge(set(), (), [])
+    paths = [path for root in TRUSTED_ROOTS for path in attribute_paths(root)]
+    accepted = [path for path in paths if judge(path)[0]]
+    assert len(paths) > 100_000 and len(accepted) > 100  # the walk reached them
+    for path in accepted:
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            step = get_object(prefix)
+            if isinstance(step, types.ModuleType):
+                assert step.__name__ == prefix, path  # a module reached as itself
+        target = get_object(path)
+        module = target.__module__
+        assert module.split(".")[0] in ("torch", "reprotrain"), path
+        assert (inspect.isclass(target) and issubclass(target, BUILT_KINDS)) or (
+            inspect.isroutine(target) and module.startswith(BUILT_FUNCTIONS)
+        ), path
 
 
 def test_a_model_function_from_untrusted_code_is_refused_before_it_runs(
@@ -271,4 +367,5 @@ def test_evaluate_refuses_a_model_file_whose_configs_name_untrusted_code(
     result = here.module("evaluate", "--model", str(tmp_path / "model.pt"))
     assert result.returncode == 2, result.stderr[-2000:]
     assert "model._target_='numpy.savetxt'" in result.stderr and "Traceback" not in result.stderr
+    assert "--trust" not in result.stderr  # evaluate has no such option: the fix is pyproject's
     assert not marker.exists()

@@ -17,9 +17,12 @@ run killed during its final phase (outputs, artifacts, the MLflow Model) is fini
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import pickle
+import socket
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,53 @@ def save_checkpoint(
         "trainer": trainer_state,
     }
     return write_atomic(path, lambda handle: torch.save(state, handle), "train.checkpoint_dir")
+
+
+class RunLock:
+    """One process at a time trains a run: an exclusive lock on
+    <train.checkpoint_dir>/.<run id>.lock, taken by the run that opens it (rank 0) and by a
+    `train.resume` of it before its record is touched, held until the process lets go (the
+    file goes with it) or ends (the kernel drops the lock after a kill -9 too; the file left
+    is taken over by the next one). Two terminals resuming one run: the second is refused in
+    one line, so no step is recorded twice."""
+
+    def __init__(self, folder: str | Path, run_id: str) -> None:
+        self.path = Path(folder) / f".{run_id}.lock"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            handle = open(self.path, "a+")  # noqa: SIM115  (held until release())
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise ConfigError(
+                    f"run {run_id} is being trained by {holder} right now (it holds "
+                    f"{str(self.path)!r}); allowed: one process per run",
+                    hint="wait for it to end (or stop it), then train.resume it again",
+                ) from None
+            if self._still_ours(handle):
+                break
+            handle.close()  # its holder let go and removed it meanwhile: take a new one
+        self.handle = handle
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+
+    def _still_ours(self, handle: Any) -> bool:
+        try:
+            return os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
+    def release(self) -> None:
+        if self.handle.closed:
+            return
+        self.path.unlink(missing_ok=True)  # while still held: no one takes a file that goes
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
 
 
 def find_checkpoint(checkpoint_dir: str | Path, resume: str) -> Path:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from reprotrain.redaction import redact
+
 
 class UserError(Exception):
     """One-line, actionable error: what was wrong, the value given, what is allowed, the fix."""
@@ -68,5 +70,12 @@ def report_and_exit(error: UserError) -> None:
     """Print the one-line error (or the traceback when asked for) and exit non-zero."""
     if full_errors_requested():
         raise error
-    print(f"reprotrain: error: {error.one_line()}", file=sys.stderr, flush=True)
+    print(f"reprotrain: error: {redact(error.one_line())}", file=sys.stderr, flush=True)
     raise SystemExit(error.exit_code)
+
+
+def shown(value: object, limit: int = 120) -> str:
+    """A value for a message, as repr() gives it, cut to `limit` characters with its length
+    said (a 100,000-character name, a 5,000-digit number): the line stays one line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 40]}... ({len(text):,} characters)"

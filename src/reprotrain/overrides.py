@@ -48,7 +48,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from reprotrain.errors import ConfigError
+from reprotrain.errors import ConfigError, shown
 from reprotrain.project import conf_folder, register_resolvers
 
 # Hydra's flags that print something and exit (nothing to check), and those taking a value.
@@ -414,11 +414,11 @@ def _parse(args: list[str], source: str) -> list[Override]:
     for arg in args:
         try:
             parsed += parser.parse_overrides([arg])
-        except OverrideParseException as error:
-            reason = str(error).splitlines()[0]
+        except (OverrideParseException, ValueError) as error:  # ValueError: a 5,000-digit int
+            reason = str(error).splitlines()[0][:200]
             where = "" if source == "the command line" else f" in {source}"
             raise ConfigError(
-                f"cannot parse the override {arg!r}{where}: {reason}",
+                f"cannot parse the override {shown(arg)}{where}: {reason}",
                 hint="overrides look like key=value, group=option, +new.key=value or a=1,2 for "
                 "sweeps; quote values with spaces",
             ) from None

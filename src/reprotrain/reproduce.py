@@ -109,9 +109,21 @@ def show_targets(tree: DictConfig, run_id: str, trust: bool) -> None:
         print(target.line(), flush=True)
     if not trust:
         refuse_untrusted(targets)
+        return
+    untrusted = [target for target in targets if not target.trusted]
+    if untrusted:
+        names = ", ".join(f"{target.key}={target.path}" for target in untrusted)
+        print(
+            f"reproduce: --trust: building {len(untrusted)} untrusted _target_"
+            f"{'s' if len(untrusted) > 1 else ''} as the recorded config names: {names}",
+            flush=True,
+        )
 
 
-RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")  # ${oc.env:NAME}, ${any_resolver:...}
+# A reference within the config (${train.steps}): the only interpolation a recorded config may
+# hold. Anything else that starts with ${ reaches outside it or builds a name that may: a
+# resolver (${oc.env:NAME}), a nested interpolation (${${task._args_.0}:NAME}).
+PLAIN_REFERENCE = re.compile(r"\$\{\s*[\w.\-\[\]]+\s*\}")
 
 
 def outside_references(tree: Any, allow: bool) -> None:
@@ -123,7 +135,7 @@ def outside_references(tree: Any, allow: bool) -> None:
     found = [
         (key, value)
         for key, value in _leaves(OmegaConf.to_container(tree, resolve=False))
-        if isinstance(value, str) and RESOLVER.search(value)
+        if isinstance(value, str) and reaches_outside(value)
     ]
     if found:
         key, value = found[0]
@@ -132,6 +144,11 @@ def outside_references(tree: Any, allow: bool) -> None:
             f"({len(found)} such value{'s' if len(found) > 1 else ''})",
             hint="check that artifact; if you trust it, pass --allow-resolvers",
         )
+
+
+def reaches_outside(value: str) -> bool:
+    """Does a recorded value hold an interpolation other than a plain reference?"""
+    return value.count("${") > len(PLAIN_REFERENCE.findall(value))
 
 
 def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:

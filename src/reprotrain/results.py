@@ -23,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from reprotrain.build import Pieces, class_name
-from reprotrain.data.structure import batch_size, move_to
+from reprotrain.data.structure import batch_size, describe, move_to
 from reprotrain.devices import DeviceInfo
 from reprotrain.outputs import write_json, write_loss_csv, write_loss_plot, write_model, write_text
 from reprotrain.provenance import count_parameters
@@ -101,7 +101,7 @@ class RunOutputs:
         }
         if self.device.type == "cuda":
             result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        self.write_files(fitted)
+        self.write_files(fitted, example)
         result["outputs_s"] = time.perf_counter() - began
         result["total_s"] = elapsed_s()
         recorder.log_metrics(summary_metrics(result), step=len(fitted.steps))
@@ -126,7 +126,7 @@ class RunOutputs:
                 model, lambda: logits_of(task.forward(model, batch)), batch_size(batch)
             )
 
-    def write_files(self, fitted: Fitted) -> None:
+    def write_files(self, fitted: Fitted, example: Any) -> None:
         config, pieces, out_dir = self.config, self.pieces, self.out_dir
         tree = as_dict(config)
         if tree["tracking"]["uri"]:
@@ -144,6 +144,10 @@ class RunOutputs:
             "collate_fn": tree["data"].get("collate_fn"),
             "batch_size": config.train.batch_size,
             "val_batch_size": config.train.val_batch_size,
+            # The run this model is the outcome of: `evaluate` records on it and no other.
+            "run_id": self.recorder.run_id,
+            "tracking_uri": redact(self.tracking_uri) if self.tracking_uri else None,
+            "inputs": describe(example),  # a batch of two training items: their shapes
         }
         files = [
             write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(tree))),

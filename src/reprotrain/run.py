@@ -26,6 +26,7 @@ from reprotrain import distributed, fastpaths
 from reprotrain.build import Pieces, build, check_fit, class_name
 from reprotrain.build import out_of_memory as is_out_of_memory
 from reprotrain.checkpoint import (
+    RunLock,
     already_finished,
     checkpoint_path,
     fingerprint,
@@ -91,6 +92,7 @@ class Run:
         self.trainer: Trainer
         self.info: DeviceInfo
         self.recorder: TrackedRun | NoRun = NoRun()
+        self.lock: RunLock | None = None  # held while this process trains its run
 
     def execute(self) -> dict[str, Any]:
         """Set up, train and finish; returns the figures written to run.json (rank 0's; the
@@ -112,6 +114,8 @@ class Run:
                 self.setup()
                 with self.open_record() as recorder:
                     self.recorder = self.trainer.recorder = recorder
+                    if main and recorder.run_id and self.lock is None:  # a new run: ours now
+                        self.lock = RunLock(config.train.checkpoint_dir, recorder.run_id)
                     if self.tracking_uri:  # the data as the run's inputs: the Datasets tab
                         source = dataset_source(config)
                         recorder.log_inputs(as_mlflow_datasets(self.pieces.splits, *source))
@@ -124,6 +128,8 @@ class Run:
                     self.say_where(figures["run_id"])
                 return figures
         finally:
+            if self.lock is not None:
+                self.lock.release()
             distributed.leave(self.group)
 
     # -- the recipe
@@ -139,6 +145,16 @@ class Run:
             check_store(uri, config.tracking.connect_timeout_s)  # now: a dead server fails fast
         self.stop.install()  # Ctrl-C / SIGTERM end the run KILLED, after a checkpoint
         self.resume_from = load_resume_point(config)
+        if self.resume_from and group.main and self.resume_from["run_id"]:
+            # Before its record is touched: a second process resuming it is refused here.
+            self.lock = RunLock(config.train.checkpoint_dir, self.resume_from["run_id"])
+            if config.train.progress != "off":
+                step = self.resume_from["trainer"]["step"]
+                print(
+                    f"reprotrain: resuming run {self.resume_from['run_id']} from step {step}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if self.resume_from and self.tracking_uri:
             self.resumed_status = resumed_status(config, self.resume_from, uri)
         self.pieces = self.build_pieces()

@@ -43,7 +43,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from reprotrain.errors import ConfigError
+from reprotrain.errors import ConfigError, shown
 from reprotrain.project import PACKAGE_ROOT
 from reprotrain.trust import KINDS, check_function
 
@@ -146,7 +146,7 @@ class TrainConfig(Section):
 
 class TrackingConfig(Section):
     uri: str | None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db
-    experiment: Annotated[str, Field(min_length=1, pattern=r"\S")]
+    experiment: Annotated[str, Field(min_length=1, max_length=500, pattern=r"\S")]  # MLflow's limit
     run_name: str | None  # None: <model>-<optimizer>-<device>, plus what a sweep varies
     enabled: bool
     flush_every_s: Positive  # send buffered metrics at least this often
@@ -610,21 +610,30 @@ def _one_line(
 ) -> ConfigError:
     """The first thing pydantic refused, as `section.key=value ...` (a command line's
     spelling), or `key=value ...` for a keyword argument (`keyword`: train_config)."""
-    first = error.errors()[0]
-    key = str(first["loc"][0]) if first["loc"] else "?"  # the field, not the union member
+    errors = error.errors()
+    first = errors[0]
+    field = str(first["loc"][0]) if first["loc"] else "?"
+    # The key: the field, and the key inside it for a nested section (early_stopping.patience),
+    # not the union member pydantic tried (literal['epoch'], constrained-int).
+    inner = [str(part) for part in first["loc"][1:2] if str(part) in _nested_keys(section, field)]
+    key = ".".join([field, *inner])
     full = f"{section}.{key}"
     named = key if keyword else full
-    given = node.get(str(first["loc"][0]), first.get("input")) if first["loc"] else node
+    given = node.get(field, first.get("input")) if first["loc"] else node
+    if inner and isinstance(given, dict):
+        given = given.get(inner[0], first.get("input"))
     if first["type"] == "extra_forbidden":
         schema = FIXED.get(section)
         allowed = ", ".join(schema.model_fields) if schema else "see conf/"
         listed = f"conf/{section}/" if keyword else "`python -m reprotrain.train --cfg job`"
         return ConfigError(
-            f"{named}={given!r} is not a setting of {section}; allowed: {allowed}",
+            f"{named}={shown(given)} is not a setting of {section}; allowed: {allowed}",
             hint=f"remove it or fix the spelling ({listed} lists every key)",
             key=full,
         )
-    allowed = _allowed_text(first)
+    # Each union member's bound, for a field that takes several kinds (epoch or an integer).
+    same = [e for e in errors if e["loc"][:1] == first["loc"][:1] and len(e["loc"]) <= 2]
+    allowed = " or ".join(dict.fromkeys(_allowed_text(e) for e in (same if not inner else [first])))
     if key == "betas":
         allowed = "two numbers in [0, 1), e.g. [0.9,0.999]"
     elif key in ("threads", "resident_data"):
@@ -632,10 +641,27 @@ def _one_line(
     fix = f"pass {named}=<{allowed}>" if keyword else f"give {named}=<{allowed}>"
     kind = first["type"]
     if kind.split("_")[0] in ("int", "float", "bool", "string") and not kind.startswith(
-        "string_pattern"
+        ("string_pattern", "string_too")
     ):
-        return ConfigError(f"{named}={given!r} is not {allowed}", hint=fix, key=full)
-    return ConfigError(f"{named}={given!r} is out of range; allowed: {allowed}", hint=fix, key=full)
+        return ConfigError(f"{named}={shown(given)} is not {allowed}", hint=fix, key=full)
+    return ConfigError(
+        f"{named}={shown(given)} is out of range; allowed: {allowed}", hint=fix, key=full
+    )
+
+
+def _nested_keys(section: str, field: str) -> set[str]:
+    """The keys of a field that is a section of its own (train.early_stopping's)."""
+    schema = FIXED.get(section)
+    annotation = (
+        schema.model_fields[field].annotation if schema and field in schema.model_fields else None
+    )
+    members = getattr(annotation, "__args__", (annotation,))
+    return {
+        key
+        for member in members
+        if isinstance(member, type) and issubclass(member, BaseModel)
+        for key in member.model_fields
+    }
 
 
 def _allowed_text(detail: ErrorDetails) -> str:
@@ -660,6 +686,8 @@ def _allowed_text(detail: ErrorDetails) -> str:
         return "a number"
     if kind.startswith("bool"):
         return "true or false"
+    if kind == "string_too_long":
+        return f"at most {ctx['max_length']} characters"
     if kind.startswith("string"):
         return "a string" + (f" matching {ctx['pattern']}" if "pattern" in ctx else "")
     return detail["msg"].lower()

@@ -24,11 +24,13 @@ class Interrupted(BaseException):
 
 class GracefulStop:
     """SIGINT/SIGTERM during the training loop stop it at the next step boundary (so the
-    losses so far are sent and a checkpoint is written); anywhere else, or a second
-    signal, they stop the process at once. Either way the run ends KILLED."""
+    losses so far are sent and a checkpoint is written); during a callback between two steps
+    (one that blocks, say) they interrupt it and the loop stops there the same way; anywhere
+    else, or a second signal, they stop the process at once. Either way the run ends KILLED."""
 
     def __init__(self) -> None:
         self.in_loop = False
+        self.in_callback = False  # a callback runs between two steps: it may be interrupted
         self.requested: int | None = None
 
     def install(self) -> GracefulStop:
@@ -39,8 +41,9 @@ class GracefulStop:
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.in_loop and self.requested is None:
             self.requested = signum
-            return
-        raise Interrupted(signum)
+            if not self.in_callback:
+                return  # the loop stops at the next step boundary
+        raise Interrupted(signum)  # a blocked callback is interrupted: its step is done
 
     def check(self) -> None:
         """Called between steps: raise if a stop was asked for."""

@@ -55,7 +55,7 @@ from reprotrain.progress import Progress
 from reprotrain.schema import TrainConfig, train_config
 from reprotrain.seeding import VALIDATION_STREAM, restore_rng_states, rng_states, seeded
 from reprotrain.step import LossFn, Scheduler, evaluate, move_batch_to_device
-from reprotrain.stopping import GracefulStop
+from reprotrain.stopping import GracefulStop, Interrupted
 from reprotrain.tasks import Classification, Task
 from reprotrain.timing import PHASES, PhaseClock, TimingSummary
 from reprotrain.tracking.recorder import NoRun, Recorder
@@ -223,6 +223,8 @@ class Trainer:
             )
         self.stopped_early: str | None = None  # why a callback stopped the run, once it has
         self.metrics_checked = not self.metrics  # check_metrics has run (after step 1)
+        self.progress: Progress | None = None  # fit()'s, for the lines validation prints
+        self.stop = GracefulStop()  # fit()'s: what a Ctrl-C / SIGTERM asked for
 
     def _check_plan(self) -> None:
         """What cannot work with these pieces, said before the first step."""
@@ -282,9 +284,10 @@ class Trainer:
         `save(self)` writes a checkpoint on the `checkpoint_every(_s)` cadence and when a
         `stop` (a GracefulStop the caller installed) asks; the last step is validated."""
         total = self.total_steps(steps, epochs)
-        stop = stop or GracefulStop()
+        stop = self.stop = stop or GracefulStop()
         recorder = self.recorder
         window = Window(self, recorder, total, self.loss_every)
+        self.progress = window.progress
         cadence = CheckpointCadence(self.train.checkpoint_every, self.train.checkpoint_every_s)
         cadence.saved(self.step, 0.0)
         self.call("on_train_start")
@@ -374,8 +377,10 @@ class Trainer:
         self.validation = (self.step, values)
         if self.group.main:
             self.recorder.log_metrics(values, self.step)
-        if self.train.keep_best and self.best.update(values, self.step):
+        best = self.best.update(values, self.step)
+        if self.train.keep_best and best:
             self.best.keep(self.model)
+        self.say(validation_line(self.step, values, self.train.objective, best))
         if self.scheduler_interval == "validation" and self.scheduler is not None:
             figure = self.monitor or "val/loss"
             # A metric-driven scheduler's step takes the figure: torch's ReduceLROnPlateau
@@ -470,15 +475,45 @@ class Trainer:
     def stop_early(self, reason: str) -> None:
         """Stop after this step; the run ends FINISHED, tagged with the reason."""
         self.stopped_early = reason
+        self.say(f"stopped early at step {self.step}: {reason}")
+
+    def say(self, line: str) -> None:
+        """A line of its own on the terminal (rank 0): above the bar, or among the lines."""
+        if self.group.main:
+            quiet = "off" if self.train.progress == "off" else "lines"  # no bar of its own
+            (self.progress or Progress(0, quiet)).note(line)
 
     def call(self, hook: str, *args: Any) -> None:
-        """Each callback's `hook` (those it has), on rank 0."""
+        """Each callback's `hook` (those it has), on rank 0. A callback that fails is named
+        with its moment before its traceback; one that calls sys.exit is one line (a callback
+        stops a run with trainer.stop_early); a Ctrl-C / SIGTERM while one blocks in the loop
+        interrupts it (the step is done), and the loop stops there with a checkpoint."""
         if not self.group.main:
             return
-        for callback in self.callbacks.values():
+        stop = self.stop
+        for name, callback in self.callbacks.items():
             method = getattr(callback, hook, None)
-            if method is not None:
+            if method is None:
+                continue
+            where = f"callbacks.{name}.{hook} at step {self.step}"
+            stop.in_callback = True
+            try:
                 method(self, *args)
+            except Interrupted:
+                if not stop.in_loop:
+                    raise
+                return  # stop.requested is set: the loop checkpoints and stops
+            except SystemExit as exit:
+                raise ConfigError(
+                    f"{where} called sys.exit({exit.code!r}); a callback does not end the process",
+                    hint="stop the run from a callback with trainer.stop_early(reason): it "
+                    "ends FINISHED, tagged with the reason",
+                ) from None
+            except Exception:
+                print(f"reprotrain: {where} failed:", file=sys.stderr, flush=True)
+                raise
+            finally:
+                stop.in_callback = False
 
     # -- stopping and checkpoints
     def stopping(self, stop: GracefulStop, at_window: bool) -> bool:
@@ -601,6 +636,14 @@ def _from_loaders(
     return train_data, val_data, collate_fn, knobs
 
 
+def validation_line(step: int, values: dict[str, float], objective: str, best: bool) -> str:
+    """`validation at step 200: val/loss 0.4123, val/accuracy 0.8812 (best so far)`: the
+    figures, the objective's first, and whether the objective is the best yet."""
+    order = sorted(values, key=lambda name: (name != objective, name != "val/loss", name))
+    shown = ", ".join(f"{name} {values[name]:.4f}" for name in order)
+    return f"validation at step {step}: {shown}" + (f" (best {objective} so far)" if best else "")
+
+
 class Best:
     """The best validation by `objective` so far, and (train.keep_best) the model's weights
     then, on the CPU."""
@@ -696,7 +739,7 @@ class Window:
         )
         if trainer.scheduler is not None:
             self.recorder.log_metric("train/lr", trainer.optimizer.param_groups[0]["lr"], step)
-        self.progress.update(step, values[-1], self.samples_per_s(self.summary.median("step")))
+        self.progress.update(step, values[-1], self.throughput_so_far())
 
     def log_losses(self, first: int, last: int) -> None:
         """`train/loss` for steps first..last: each step, or each window's mean at its end
@@ -711,10 +754,16 @@ class Window:
                     "train/loss", float(np.mean(losses[begin - 1 : step])), step
                 )
 
-    def samples_per_s(self, step_ms: float) -> float:
-        """Samples per second of the whole job (every rank's) at `step_ms` a step."""
-        batch = self.trainer.samples_per_step
-        return batch / (step_ms / 1e3) if np.isfinite(step_ms) and step_ms > 0 else 0.0
+    def throughput_so_far(self) -> float | None:
+        """Samples per second since the warm-up, as timings() measures it at the end (wall
+        clock, checkpoints and one-off checks left out); None before it has begun. The queued
+        steps count once the window's losses have been read (a sync point already)."""
+        if self.measure_from is None:
+            return None
+        trainer = self.trainer
+        measured = trainer.step - self.warmup_end
+        took = time.perf_counter() - self.measure_from - self.checkpoint_s - self.excluded_s
+        return measured * trainer.samples_per_step / took if measured > 0 and took > 0 else None
 
     def timings(self, total: int) -> dict[str, float]:
         """Throughput over the measured steps, wall clock: it counts reading the losses and

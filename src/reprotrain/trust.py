@@ -37,11 +37,11 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 import yaml
-from hydra.utils import get_object
 
 from reprotrain.callbacks import Callback
 from reprotrain.errors import ConfigError
@@ -90,7 +90,7 @@ def check_function(section: str, path: str, target: Any) -> None:
     if section not in KINDS or inspect.isclass(target) or trusted_function(target, path):
         return
     name = KINDS[section][1]
-    module = defining_module(target, path)
+    module = defining_module(target) or "no module it names"
     raise ConfigError(
         f"{section}._target_={path!r} is a function of {module}, which cannot be checked to "
         f"build a {name} before it runs; allowed: a {name} subclass, or a function of "
@@ -101,34 +101,67 @@ def check_function(section: str, path: str, target: Any) -> None:
 
 
 def trusted_function(target: Any, path: str) -> bool:
-    """Is the function defined in reprotrain, torch, the project's own code or a listed module?"""
-    module = defining_module(target, path)
-    return within(module, (*TRUSTED_PACKAGES, *listed_modules())) or project_code(module)
+    """Is the function defined in reprotrain, torch, the project's own code or a listed module?
+    (By the module that defines it, never by the path that reached it: `my_project.models.
+    torch.save` is torch's `save`; a callable that names no module is trusted nowhere.)"""
+    module = defining_module(target)
+    if module is None:
+        return False
+    return within(module, (*TRUSTED_PACKAGES, *listed_modules())) or project_module(
+        module, project_folders()
+    )
 
 
-def defining_module(target: Any, path: str) -> str:
-    """Where a function is defined (`torch.serialization.pickle.loads` is pickle's)."""
+def defining_module(target: Any, path: str = "") -> str | None:
+    """The module that defines a class or function (`torch.serialization.pickle.loads` is
+    pickle's); None when it names none (a C method such as `numpy.ndarray.tofile`)."""
     module = getattr(target, "__module__", None)
-    return module if isinstance(module, str) and module else path.rpartition(".")[0]
+    return module if isinstance(module, str) and module else None
+
+
+# The keys of a config that build something: only these may hold a `_target_` in a config
+# from elsewhere (a `_target_` under any other key, or nested in a builder's arguments, is
+# refused: nothing documents building it).
+BUILDERS = ("model", "data", "loss", "optimizer", "scheduler", "task", "data.collate_fn")
+NAMED_BUILDERS = ("metrics", "callbacks")  # metrics.<name>, callbacks.<name>
+
+
+def builder_key(key: str) -> bool:
+    """Is `key` (`model._target_`, `metrics.accuracy._target_`) a builder's `_target_`?"""
+    owner = key.removesuffix("_target_").removesuffix(".")
+    group, _, name = owner.partition(".")
+    return owner in BUILDERS or (group in NAMED_BUILDERS and bool(name) and "." not in name)
 
 
 def recorded_targets(tree: Any) -> list[Target]:
     """Every `_target_` in a config from elsewhere (a plain tree), judged."""
-    named, listed = conf_targets(), listed_modules()
-    return [Target(key, path, *judge(path, named, listed)) for key, path in targets_in(tree)]
+    judge = Judge(conf_targets(), listed_modules(), project_folders())
+    return [
+        Target(key, path, *(judge(path) if builder_key(key) else NOT_A_BUILDER))
+        for key, path in targets_in(tree)
+    ]
 
 
-def refuse_untrusted(targets: list[Target]) -> None:
-    """One ConfigError line for the first target that is not trusted."""
+NOT_A_BUILDER = (
+    False,
+    "under a key that builds nothing (a _target_ may stand only at "
+    f"{', '.join(BUILDERS)}, metrics.<name> or callbacks.<name>)",
+)
+
+
+def refuse_untrusted(targets: list[Target], trust_option: str | None = "--trust") -> None:
+    """One ConfigError line for the first target that is not trusted; the fix names
+    `trust_option` where the command has one."""
     refused = [target for target in targets if not target.trusted]
     if not refused:
         return
     first = refused[0]
+    passing = f"pass {trust_option}, or " if trust_option else ""
     raise ConfigError(
         f"the recorded config names {first.key}={first.path!r}, which is {first.why} "
         f"({len(refused)} untrusted _target_{'s' if len(refused) > 1 else ''} of "
         f"{len(targets)}); building it would run it",
-        hint=f"check that artifact; if you trust it, pass --trust, or add its module to {LISTED_IN}",
+        hint=f"check that artifact; if you trust it, {passing}add its module to {LISTED_IN}",
     )
 
 
@@ -146,39 +179,112 @@ def targets_in(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return found
 
 
+class Judge:
+    """(trusted, why) for one dotted path, decided by the object it resolves to.
+
+    The path is walked as Hydra's `get_object` walks it (an attribute of the object so far,
+    else a submodule to import), importing only modules that may run here: torch's,
+    reprotrain's, listed ones and the project's own. Each step must stay where it was: a
+    module reached as an attribute must be that submodule itself (`torch.nn.functional.np` is
+    NumPy, imported there: refused), and a class or function must name the module that defines
+    it, which must be trusted (`my_project.models.torch.save` is torch's `save`; a C method
+    such as `numpy.ndarray.tofile` names none). What it resolves to is then judged: the
+    project's own code and listed modules are trusted; of torch and reprotrain only public
+    classes of the kinds reprotrain builds and the functions of BUILT_FUNCTIONS are."""
+
+    def __init__(self, named: set[str], listed: tuple[str, ...], folders: list[Path]) -> None:
+        self.named, self.listed, self.folders = named, listed, folders
+
+    def __call__(self, path: Any) -> tuple[bool, str]:
+        if not isinstance(path, str) or not path:
+            return False, "not a dotted path"
+        if path in self.named:
+            return True, "named in conf/"
+        parts = path.split(".")
+        if not all(part.isidentifier() for part in parts):
+            return False, "not a dotted path"
+        walked = self.walk(parts)
+        if isinstance(walked, str):
+            return False, walked
+        return self.judge_object(walked, path)
+
+    def scope(self, module: str) -> str | None:
+        """Whose code a module is: 'project', 'listed', 'torch', 'reprotrain', or None."""
+        if within(module, self.listed):
+            return "listed"
+        if within(module, TRUSTED_PACKAGES):
+            return module.split(".")[0]
+        if project_module(module, self.folders):
+            return "project"
+        return None
+
+    def walk(self, parts: list[str]) -> Any:
+        """The object the path names, or why it is refused (a str)."""
+        top = parts[0]
+        if self.scope(top) is None:
+            return "not reprotrain's, torch's or this project's code"
+        try:
+            obj: Any = importlib.import_module(top)
+        except Exception:  # an error while importing: Hydra would fail the same way
+            return f"not found ({top} cannot be imported)"
+        for i in range(1, len(parts)):
+            here, name = ".".join(parts[: i + 1]), parts[i]
+            try:
+                found = getattr(obj, name)
+            except AttributeError:
+                if not isinstance(obj, ModuleType):
+                    return f"not found ({'.'.join(parts[:i])} has no {name!r})"
+                if self.scope(here) is None:
+                    return "not reprotrain's, torch's or this project's code"
+                try:
+                    found = importlib.import_module(here)
+                except Exception:
+                    return f"not found ({here} cannot be imported)"
+            except Exception as error:  # a property that raised: nothing to judge
+                return f"not found ({type(error).__name__} reading {here})"
+            if isinstance(found, ModuleType):
+                if found.__name__ != here:
+                    return (
+                        f"reached through {'.'.join(parts[:i])}, where module "
+                        f"{found.__name__} is imported: it is not that module's code"
+                    )
+            else:
+                module = defining_module(found)
+                if module is None:
+                    return f"{here} names no module that defines it (a C method or an object)"
+                if self.scope(module) is None:
+                    return (
+                        f"defined in {module}, reached through {'.'.join(parts[:i])}: not "
+                        "reprotrain's, torch's or this project's code"
+                    )
+            obj = found
+        return obj
+
+    def judge_object(self, target: Any, path: str) -> tuple[bool, str]:
+        if isinstance(target, ModuleType) or not callable(target):
+            return False, "not a class or function"
+        module = defining_module(target) or ""
+        scope = self.scope(module)
+        if scope == "listed":
+            return True, "a listed module"
+        if scope == "project":
+            return True, "this project's code"
+        package = scope or "torch"
+        if any(part.startswith("_") for part in [*path.split("."), *module.split(".")]):
+            return False, f"a private name of {package}"
+        if inspect.isclass(target) and issubclass(target, BUILT_KINDS):
+            return True, f"a {package} class"
+        if inspect.isroutine(target) and within(module, BUILT_FUNCTIONS):
+            return True, f"a {package} function"
+        return False, (
+            f"a {package} callable that is not a module, optimizer or scheduler class nor a "
+            f"function of {' or '.join(BUILT_FUNCTIONS)}"
+        )
+
+
 def judge(path: Any, named: set[str], listed: tuple[str, ...]) -> tuple[bool, str]:
-    """(trusted, why) for one dotted path, importing nothing outside torch and reprotrain."""
-    if not isinstance(path, str) or not path:
-        return False, "not a dotted path"
-    if path in named:
-        return True, "named in conf/"
-    if within(path, listed):
-        return True, "a listed module"
-    if project_code(path):
-        return True, "this project's code"
-    if within(path, TRUSTED_PACKAGES):
-        return built_kind(path)
-    return False, "not reprotrain's, torch's or this project's code"
-
-
-def built_kind(path: str) -> tuple[bool, str]:
-    """torch's or reprotrain's: trusted when of a kind reprotrain builds. Importing their own
-    modules to look runs nothing a config chose."""
-    package = path.split(".")[0]
-    if any(part.startswith("_") for part in path.split(".")):
-        return False, f"a private name of {package}"
-    try:
-        target = get_object(path)
-    except Exception:  # ImportError, AttributeError, ValueError from Hydra
-        return False, f"not found in {package}"
-    if inspect.isclass(target) and issubclass(target, BUILT_KINDS):
-        return True, f"a {package} class"
-    if inspect.isroutine(target) and within(defining_module(target, path), BUILT_FUNCTIONS):
-        return True, f"a {package} function"
-    return False, (
-        f"a {package} callable that is not a module, optimizer or scheduler class nor a "
-        f"function of {' or '.join(BUILT_FUNCTIONS)}"
-    )
+    """(trusted, why) for one dotted path (Judge), importing nothing untrusted."""
+    return Judge(named, listed, project_folders())(path)
 
 
 def within(path: str, modules: tuple[str, ...] | list[str]) -> bool:
@@ -186,18 +292,24 @@ def within(path: str, modules: tuple[str, ...] | list[str]) -> bool:
     return any(path == module or path.startswith(f"{module}.") for module in modules)
 
 
-def project_code(path: str) -> bool:
-    """Is the path's top-level package (with an `__init__.py`) or module in a project folder?
-    Finding a top-level module runs none of its code."""
+def project_module(module: str, folders: list[Path]) -> bool:
+    """Is `module` the project's own code: its top-level package (with an `__init__.py`) or
+    module lies directly in a project folder, and `module` itself (when imported) is a file
+    of it, not a module of the same name elsewhere?"""
+    top = module.split(".")[0]
     try:
-        spec = importlib.util.find_spec(path.split(".")[0])
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return False
     if spec is None or not spec.has_location or not spec.origin:
         return False
     origin = Path(spec.origin).resolve()
-    folder = origin.parent.parent if origin.name == "__init__.py" else origin.parent
-    return folder in project_folders()
+    home = origin.parent if origin.name == "__init__.py" else origin
+    if home.parent not in folders:
+        return False
+    loaded = sys.modules.get(module)
+    file = getattr(loaded, "__file__", None) if loaded is not None else None
+    return file is None or Path(file).resolve().is_relative_to(home)
 
 
 def project_folders() -> list[Path]:

@@ -14,25 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import urllib.parse
 
 from reprotrain.errors import TrackingError
-
-CREDENTIALS = re.compile(r"(?<=://)([^/@:\s]*):([^/@\s]*)@")
-HIDDEN = "***"
-PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"  # MLflow's basic-auth password for a server
-
-
-SHORTEST_FOUND = 4  # a shorter MLFLOW_TRACKING_PASSWORD cannot be told from ordinary text
-
-
-def redact(text: str) -> str:
-    """Replace the password of any `scheme://user:password@host` inside `text`, and the value of
-    MLFLOW_TRACKING_PASSWORD wherever it appears."""
-    text = CREDENTIALS.sub(rf"\1:{HIDDEN}@", text)
-    password = os.environ.get(PASSWORD_ENV, "")
-    return text.replace(password, HIDDEN) if len(password) >= SHORTEST_FOUND else text
+from reprotrain.redaction import HIDDEN, PASSWORD_ENV, redact
 
 
 class RedactSecrets(logging.Filter):

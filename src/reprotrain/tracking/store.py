@@ -46,8 +46,10 @@ def where_to_look(uri: str, experiment_id: str, run_id: str) -> str:
     # MLflow 3.17's UI opens in its GenAI view in a fresh browser, whatever the experiment's
     # kind tag says; the parameter (after the #) opens the run in its model-training view.
     path = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
-    if uri.startswith(("http://", "https://")):
-        return f"open {redact(uri).rstrip('/')}/{path}"
+    if uri.startswith(("http://", "https://")):  # a link to click: no user information
+        parts = urllib.parse.urlsplit(uri)
+        bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        return f"open {redact(bare).rstrip('/')}/{path}"
     return f"see it with: mlflow ui --backend-store-uri {redact(uri)}, then open {UI_URL}/{path}"
 
 
