@@ -118,3 +118,26 @@ def test_a_number_too_long_to_parse_is_one_short_line(app_in_process) -> None:
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("reprotrain: error: cannot parse the override 'train.steps=999")
     assert "(5,014 characters)" in line and len(line) < 600
+
+
+def test_a_language_model_task_on_one_label_per_sample_is_one_line(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Classification data and a classifier under task=language_model would train silently
+    as a classifier, its perplexity meaningless: refused before the first step."""
+    import reprotrain
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        reprotrain.train(
+            [
+                "runtime=local",
+                "experiment=smoke",
+                "task=language_model",
+                f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            ]
+        )
+    assert "task=language_model takes a sequence of target tokens per sample, but the " in str(
+        refused.value
+    )
+    assert "task=classification" in refused.value.hint

@@ -301,6 +301,9 @@ STOP_RESUME_RUN = (
 
 
 def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path: Path) -> None:
+    """`docker stop` mid-run, then train.resume=last in the container: the same run, every step
+    once, and the losses (in the store and in loss.csv) bit for bit those of an uninterrupted
+    local run: the same torch build on both sides, deterministic mode."""
     require_docker()
     import torch
 
@@ -309,7 +312,8 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
     repo = make_project(tmp_path / "project", runtime="docker")
     store = Store(repo)
     prepare_store(store.uri)
-    returncode, stderr = stop_container_mid_run(repo, store, "stop", 100, *STOP_RESUME_RUN)
+    out = f"train.output_dir={repo / 'results' / 'docker'}"
+    returncode, stderr = stop_container_mid_run(repo, store, "stop", 100, *STOP_RESUME_RUN, out)
     assert returncode == 143, stderr[-3000:]  # as a local run stopped by SIGTERM
     assert "exited with code 143" in stderr and "Traceback" not in stderr
     stopped = store.only_run()
@@ -320,7 +324,7 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
     checkpoint = repo / "outputs" / "checkpoints" / f"{stopped.info.run_id}.pt"
     assert torch.load(checkpoint, weights_only=True)["trainer"]["step"] == done  # at the stop
 
-    resumed = run_app(repo, *STOP_RESUME_RUN, "train.resume=last", timeout=900)
+    resumed = run_app(repo, *STOP_RESUME_RUN, out, "train.resume=last", timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     run = store.only_run()  # the same MLflow run, continued; no other run created
     assert run.info.run_id == stopped.info.run_id and run.info.status == "FINISHED"
@@ -338,7 +342,12 @@ def test_docker_stop_then_resume_in_the_container_continues_bit_for_bit(tmp_path
         timeout=900,
     )
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
-    assert history == reference.losses(reference.only_run().info.run_id)
+    local = reference.only_run()
+    assert local.data.tags["runtime"] == "local"
+    assert local.data.tags["torch.version"] == run.data.tags["torch.version"]
+    assert history == reference.losses(local.info.run_id)
+    docker_csv = (repo / "results" / "docker" / "loss.csv").read_text()
+    assert docker_csv == (tmp_path / "reference" / "loss.csv").read_text()
 
 
 def test_cuda_in_docker_without_the_toolkit_says_how_to_fix_it(tmp_path: Path) -> None:
@@ -410,38 +419,6 @@ def test_error_inside_the_container_is_one_line_and_ends_the_run_failed(tmp_path
     assert store.only_run().info.status == "FAILED"  # the run the launcher created
 
 
-def test_local_and_docker_runs_give_identical_losses(tmp_path: Path) -> None:
-    """Same torch build on both sides, deterministic mode: the same losses, bit for bit."""
-    require_docker()
-    repo = make_project(tmp_path / "project", runtime="local")
-    histories = {}
-    for runtime in ("local", "docker"):
-        out = repo / "results" / runtime
-        result = subprocess.run(
-            [
-                PYTHON,
-                "-m",
-                "reprotrain.train",
-                f"runtime={runtime}",
-                "experiment=smoke",
-                "device=cpu",
-                "train.threads=2",
-                f"train.output_dir={out}",
-            ],
-            cwd=repo,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=1500,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        histories[runtime] = (out / "loss.csv").read_text()
-    runs = {r.data.tags["runtime"]: r for r in Store(repo).runs()}
-    assert set(runs) == {"local", "docker-cpu"}
-    assert runs["local"].data.tags["torch.version"] == runs["docker-cpu"].data.tags["torch.version"]
-    assert histories["local"] == histories["docker"]
-
-
 def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
     """reprotrain's CNN, and a model from a package in the user's project folder, in the CPU
     image: the project is mounted at the same path and its folder is on the path there too."""
@@ -463,67 +440,105 @@ def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
         assert len(store.losses(run.info.run_id)) == 40
 
 
-@pytest.mark.parametrize("checkpointed", [True, False], ids=["checkpointed", "no-checkpoint"])
-def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(
-    tmp_path: Path, checkpointed: bool
+def wait_for_experiment_losses(
+    store: Store, experiment: str, count: int, proc: subprocess.Popen, timeout: float = 900
 ) -> None:
+    """Poll the store until the run in `experiment` has `count` losses (the launcher must keep
+    running; the first call may build the image)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
+        runs = store.runs(experiment)
+        if runs and len(store.losses(runs[0].info.run_id)) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} losses recorded in {experiment} in time")
+
+
+def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_path: Path) -> None:
     """kill -9 of the launcher leaves its container training: `runs --clean` leaves that run
     alone; once the container is gone too, it ends the run KILLED and says to resume it, or,
     killed before its first checkpoint, to start it again: the container wrote its checkpoint
-    folder at the same path on this host, which its launcher recorded."""
+    folder at the same path on this host, which its launcher recorded. Two launchers of one
+    project side by side, each in an experiment of its own: one past a checkpoint, one before
+    its first."""
     require_docker()
     from reprotrain.tracking import prepare_store
 
     repo = make_project(tmp_path / "project", runtime="docker")
     store = Store(repo)
     prepare_store(store.uri)
-    cadence = (
-        ("train.checkpoint_every=500",)
-        if checkpointed
-        else ("train.checkpoint_every=0", "train.checkpoint_every_s=3600")
-    )
-    run_args = [a for a in STOP_RESUME_RUN if not a.startswith("train.checkpoint_every=")]
-    proc = launch(repo, *run_args, *cadence, "train.steps=60000")
-    try:
-        wait_for_losses(store, 100, proc, timeout=900)
-        run = store.only_run()
-        checkpoint = checkpoint_file(
-            Path(run.data.tags["reprotrain.checkpoint_dir"]), run.info.run_id
+    cadences = {
+        "checkpointed": ("train.checkpoint_every=100",),
+        "no-checkpoint": ("train.checkpoint_every=0", "train.checkpoint_every_s=3600"),
+    }
+    run_args = ("device=cpu", "train.threads=1", "train.log_every=10", "data.num_samples=2048")
+    procs = {
+        kind: launch(
+            repo,
+            *run_args,
+            *cadence,
+            "train.steps=60000",
+            "tracking.flush_every_s=0.2",
+            f"tracking.experiment={kind}",
+            f"train.output_dir={repo / 'results' / kind}",
         )
-        if checkpointed:
-            wait_for(checkpoint, proc)
+        for kind, cadence in cadences.items()
+    }
+    checkpoints = {}
+    try:
+        for kind, proc in procs.items():
+            wait_for_experiment_losses(store, kind, 100, proc)
+            (run,) = store.runs(kind)
+            checkpoints[kind] = checkpoint_file(
+                Path(run.data.tags["reprotrain.checkpoint_dir"]), run.info.run_id
+            )
+        wait_for(checkpoints["checkpointed"], procs["checkpointed"])
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, gone at once
-        proc.wait(timeout=30)
-    run = store.only_run()
-    name = run.data.tags["reprotrain.container"]
-    assert run.info.status == "RUNNING" and name.startswith("reprotrain-cpu-")
-    assert run.data.tags["reprotrain.launcher_host"] == socket.gethostname()
-    assert checkpoint.parent == (repo / "outputs" / "checkpoints").resolve()
+        for proc in procs.values():
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher, gone at once
+        for proc in procs.values():
+            proc.wait(timeout=30)
+    runs = {kind: store.runs(kind)[0] for kind in cadences}
+    names = {kind: run.data.tags["reprotrain.container"] for kind, run in runs.items()}
+    for kind, run in runs.items():
+        assert run.info.status == "RUNNING" and names[kind].startswith("reprotrain-cpu-")
+        assert run.data.tags["reprotrain.launcher_host"] == socket.gethostname()
+        assert checkpoints[kind].parent == (repo / "outputs" / "checkpoints").resolve()
+    assert names["checkpointed"] != names["no-checkpoint"]
 
-    def clean() -> str:
+    def clean() -> dict[str, str]:
+        """What `runs --clean` said of each run."""
         result = sh(repo, PYTHON, "-m", "reprotrain.runs", "--clean", "--tracking-uri", store.uri)
-        return result.stdout
+        lines = result.stdout.splitlines()
+        said = {}
+        for kind, run in runs.items():
+            (said[kind],) = [line for line in lines if line.startswith(run.info.run_id)]
+        return said
 
     try:
-        assert "its owner is alive or unknown" in clean()  # the container still trains
-        assert store.only_run().info.status == "RUNNING"
+        for kind, line in clean().items():  # the containers still train
+            assert "its owner is alive or unknown" in line, line
+            assert store.client.get_run(runs[kind].info.run_id).info.status == "RUNNING"
     finally:
-        subprocess.run(["docker", "kill", name], capture_output=True)
+        subprocess.run(["docker", "kill", *names.values()], capture_output=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # --rm removes it once it has stopped
-        gone = subprocess.run(["docker", "container", "inspect", name], capture_output=True)
-        if gone.returncode != 0:
+    while time.monotonic() < deadline:  # --rm removes them once they have stopped
+        gone = [
+            subprocess.run(["docker", "container", "inspect", name], capture_output=True)
+            for name in names.values()
+        ]
+        if all(inspect.returncode != 0 for inspect in gone):
             break
         time.sleep(0.5)
     said = clean()
-    assert f"its container {name} is gone; marked KILLED" in said
-    assert checkpoint.exists() == checkpointed
-    if checkpointed:
-        assert f"train.resume={run.info.run_id}" in said
-    else:
-        assert "killed before its first checkpoint" in said and "train.resume=" not in said
-    assert store.only_run().info.status == "KILLED"
+    for kind, run in runs.items():
+        assert f"its container {names[kind]} is gone; marked KILLED" in said[kind], said[kind]
+        assert checkpoints[kind].exists() == (kind == "checkpointed")
+        assert store.client.get_run(run.info.run_id).info.status == "KILLED"
+    assert f"train.resume={runs['checkpointed'].info.run_id}" in said["checkpointed"]
+    assert "killed before its first checkpoint" in said["no-checkpoint"]
+    assert "train.resume=" not in said["no-checkpoint"]
 
 
 def test_train_nproc_runs_torchrun_in_the_container_as_one_run(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -391,7 +392,7 @@ def test_store_locked_by_another_process_loses_nothing(tmp_path: Path) -> None:
     proc = start_training(tmp_path, store.uri, *steps)
     wait_for_losses(store, 200, proc)
     locked = threading.Event()
-    holder = threading.Thread(target=hold_write_lock, args=(store.path, 30, locked))
+    holder = threading.Thread(target=hold_write_lock, args=(store.path, 25, locked))
     holder.start()
     locked.wait(30)
     assert proc.poll() is None, "the run ended before the store was locked"
@@ -593,7 +594,7 @@ def free_port() -> int:
 
 
 @pytest.mark.e2e  # a real `mlflow server`, away mid-run
-def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path) -> None:
+def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path, here: InProcess) -> None:
     """A password in tracking.uri and one in MLFLOW_TRACKING_PASSWORD are sent to the server
     and reach no printed line, param, tag or file (spool, logs, .hydra/, artifacts,
     checkpoints, the store), on every path: a server that does not answer at the start, one
@@ -603,13 +604,18 @@ def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path) -> None
     folder.mkdir()
     server = MlflowServer(folder)
     server.start()
-    in_uri, in_env = "planted-s3cr3t-0b7e", "planted-env-pw-5c1d"
-    with_password = child_env(MLFLOW_TRACKING_USERNAME="ci", MLFLOW_TRACKING_PASSWORD=in_env)
+    # Passwords as people write them: an @ and a : raw in the URI (its user information runs
+    # to its last @), a / %-encoded (raw, it would end the host); raw in the environment.
+    in_uri, in_env = "pl@nted:s3cr3t%2F0b7e", "pl@nted-env:pw/5c1d"
+    password = {"MLFLOW_TRACKING_USERNAME": "ci", "MLFLOW_TRACKING_PASSWORD": in_env}
+    with_password = child_env(**password)
     uri = server.uri.replace("http://", f"http://ci:{in_uri}@")
     try:
         nowhere = f"tracking.uri=http://ci:{in_uri}@127.0.0.1:{free_port()}"
-        bad = train(tmp_path, Store(folder), "experiment=smoke", nowhere, check=False,
-                    env=with_password)  # fmt: skip
+        bad = here.train(tmp_path, Store(folder), "experiment=smoke", nowhere, check=False,
+                         env=password)  # fmt: skip
+        for name in password:  # what follows in this process has no password
+            here.monkeypatch.delenv(name)
         proc = subprocess.Popen(
             train_args(tmp_path, uri, "train.steps=3000", *OUTAGE_RUN),
             cwd=tmp_path,
@@ -622,16 +628,11 @@ def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path) -> None
         _, away = proc.communicate(timeout=600)
         spooled = list((tmp_path / "results" / "spool").glob("*.jsonl"))
         spool_mode, spool_text = spooled[0].stat().st_mode & 0o777, spooled[0].read_text()
-        refused = module(tmp_path, "replay", str(spooled[0]))  # no password here
+        refused = here.module("replay", str(spooled[0]))  # no password here
         server.restore()
-        replayed = subprocess.run(
-            [PYTHON, "-m", "reprotrain.replay", str(spooled[0])],
-            cwd=tmp_path,
-            env=with_password,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        for name, value in password.items():
+            here.monkeypatch.setenv(name, value)
+        replayed = here.module("replay", str(spooled[0]))
     finally:
         server.stop()
     assert bad.returncode == 2 and "ci:***@" in bad.stderr
@@ -648,9 +649,11 @@ def test_passwords_reach_no_line_and_no_file_on_any_path(tmp_path: Path) -> None
     printed += [replayed.stdout, replayed.stderr, spool_text]  # the spool is gone once sent
     files = [path for path in tmp_path.rglob("*") if path.is_file()]
     assert any(p.suffix == ".pt" for p in files) and any(p.parent.name == ".hydra" for p in files)
-    for planted in (in_uri, in_env):
+    forms = {in_uri, in_env, urllib.parse.unquote(in_uri)}
+    for planted in forms | {urllib.parse.quote(urllib.parse.unquote(p), safe="") for p in forms}:
         assert not [text for text in printed if planted in text]
         assert [str(path) for path in files if planted.encode() in path.read_bytes()] == []
+    assert not [text for text in printed if "nted:s3cr3t" in text or "@nted" in text]
 
 
 def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
@@ -662,6 +665,8 @@ def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
     planted = "planted-secret-4411"
     cases = {
         "leak": "experiment: leak-${oc.env:PLANTED_SECRET}\n",
+        # a resolver whose name is itself interpolated
+        "nested": "task:\n  _args_: [oc.env]\nexperiment: leak-${${task._args_.0}:PLANTED_SECRET}\n",
         "tag": "train: !!python/object:os.system {}\n",
     }
     for name, text in cases.items():
@@ -674,6 +679,8 @@ def test_reproduce_does_not_resolve_what_reaches_outside_the_config(
         result = here.module("reproduce", run_id, "--tracking-uri", store.uri)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert planted not in result.stderr and "fix:" in result.stderr
+        if name != "tag":
+            assert "the recorded config.yaml reads from outside itself" in result.stderr
     names = [e.name for e in client.search_experiments()]
     assert not any(planted in name for name in names)
 
@@ -693,7 +700,7 @@ def kill_at(phase: str, proc: subprocess.Popen, out: Path, delay: float) -> None
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
+def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path, here: InProcess) -> None:
     """N runs, each killed with SIGKILL at a seeded random moment of training, of the final
     phase, or of its very end, each followed by the documented recovery: `python -m
     reprotrain.runs --clean`, then `train.resume=<run id>` for each run it ended that has a
@@ -715,7 +722,7 @@ def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
         kills.append(f"{phase}+{delay:.1f}s")
         proc = start_training(tmp_path, store.uri, *overrides, f"train.output_dir={out}")
         kill_at(phase, proc, out, delay)
-        cleaned = module(tmp_path, "runs", "--clean", "--tracking-uri", store.uri)
+        cleaned = here.module("runs", "--clean", "--tracking-uri", store.uri)
         assert cleaned.returncode == 0, cleaned.stderr
         for line in cleaned.stdout.splitlines():
             run_id = line.split()[0]
@@ -723,8 +730,8 @@ def test_chaos_kill_9_at_random_moments_then_recover(tmp_path: Path) -> None:
             if "marked KILLED" in line:  # resume only what has a checkpoint; else start again
                 assert ("train.resume=" in line) == checkpoint.is_file(), line
             if "continue it with the same command" in line:
-                train(tmp_path, store, *overrides, f"train.output_dir={out}",
-                      f"train.resume={run_id}")  # fmt: skip
+                here.train(tmp_path, store, *overrides, f"train.output_dir={out}",
+                           f"train.resume={run_id}")  # fmt: skip
                 recovered += 1
     statuses = store.statuses()
     assert "RUNNING" not in statuses and set(statuses) <= {"FINISHED", "KILLED"}

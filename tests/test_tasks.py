@@ -157,21 +157,6 @@ def test_workload_validates_resumes_reproduces_and_its_model_loads(
     recorded = {key: run.data.metrics[key] for key in workload.metrics}
     assert recorded["val/loss"] < store.losses(run_id)[0][1]  # it learned
 
-    if workload.hf:
-        reproduced = subprocess.run(
-            [PYTHON, "-m", "reprotrain.reproduce", run_id],
-            cwd=project,
-            env=workload.env(MLFLOW_TRACKING_URI=store.uri),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    else:
-        here.monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
-        reproduced = here.module("reproduce", run_id, cwd=project)
-    assert reproduced.returncode == 0, reproduced.stdout[-2000:] + reproduced.stderr[-3000:]
-    assert f"losses match bit for bit ({STEPS} steps)" in reproduced.stdout
-
     # The store: $MLFLOW_TRACKING_URI in a new process, MLflow's own setting in this one.
     check = "import mlflow, mlflow.pytorch, torch\n" + textwrap.dedent(
         f"""
@@ -181,21 +166,29 @@ def test_workload_validates_resumes_reproduces_and_its_model_loads(
         """
     )
     check += textwrap.indent(textwrap.dedent(workload.predict), "    ") + "print('ok')\n"
-    if workload.hf:
-        loaded = subprocess.run(
-            [PYTHON, "-c", check],
+    if workload.hf:  # reproduce's main(), then the check, in one process of their own
+        reproduce = f"from reprotrain import reproduce\nreproduce.main([{run_id!r}])\n"
+        done = subprocess.run(
+            [PYTHON, "-c", reproduce + check],
             cwd=project,
             env=workload.env(MLFLOW_TRACKING_URI=store.uri),
             capture_output=True,
             text=True,
+            timeout=600,
         )
-        assert loaded.returncode == 0, loaded.stderr[-3000:]
-        assert loaded.stdout.strip().endswith("ok")
-    else:  # the workload's package imported afresh from the project, as a new process would
-        forget_user_packages(project / "workloads")
-        with mlflow_tracking_uri(store.uri):
-            loaded = here.call(lambda: exec(check, {}), cwd=project)
-        assert loaded.returncode == 0 and loaded.stdout.strip().endswith("ok"), loaded.stderr
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        assert f"losses match bit for bit ({STEPS} steps)" in done.stdout
+        assert done.stdout.strip().endswith("ok")
+        return
+    here.monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+    reproduced = here.module("reproduce", run_id, cwd=project)
+    assert reproduced.returncode == 0, reproduced.stdout[-2000:] + reproduced.stderr[-3000:]
+    assert f"losses match bit for bit ({STEPS} steps)" in reproduced.stdout
+    # the workload's package imported afresh from the project, as a new process would
+    forget_user_packages(project / "workloads")
+    with mlflow_tracking_uri(store.uri):
+        loaded = here.call(lambda: exec(check, {}), cwd=project)
+    assert loaded.returncode == 0 and loaded.stdout.strip().endswith("ok"), loaded.stderr
 
 
 @pytest.mark.parametrize("name", list(ALL))
@@ -238,12 +231,11 @@ def test_workload_under_torchrun(tmp_path: Path, name: str) -> None:
     assert all(written[f"val_{k.removeprefix('val/')}"] is not None for k in workload.metrics)
 
 
-@pytest.mark.parametrize("name", list(ALL))
-def test_workload_through_dvc_exp_run(tmp_path: Path, name: str) -> None:
-    """The pipeline with the workload's package and configs in the project: prepare keeps
-    token ids integers (and pads dict items with the collate function), evaluate writes the
-    task's figures with no NaN, and the confusion matrix only for a classifier."""
-    workload = ALL[name]
+def test_workload_through_dvc_exp_run(tmp_path: Path) -> None:
+    """The pipeline with the workloads' package and configs in the project, one `dvc exp run`
+    a workload: prepare keeps token ids integers (and pads dict items with the collate
+    function), evaluate writes the task's figures with no NaN, and the confusion matrix only
+    for a classifier (the classifier last: no stage removes the file)."""
     repo = make_project(tmp_path / "repo", "local")
     shutil.copytree(
         WORKLOADS, repo / "workloads", ignore=shutil.ignore_patterns("__pycache__", "conf")
@@ -254,32 +246,40 @@ def test_workload_through_dvc_exp_run(tmp_path: Path, name: str) -> None:
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "the workloads")
     path = f"{BIN}{os.pathsep}{os.environ['PATH']}"
-    sh(
-        repo,
-        "dvc",
-        "exp",
-        "run",
-        "-S",
-        "code=workloads",  # the stages depend on the user's code (and run only it)
-        "-S",
-        f"experiment={workload.experiment}",
-        "-S",
-        "train.steps=20",
-        "-S",
-        "train.val_every=10",
-        "-S",
-        "tracking.log_model=false",
-        "-S",
-        "train.threads=1",
-        env=workload.env(PATH=path, DVC_NO_ANALYTICS="1"),
-    )
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert params["task"]["_target_"].startswith("reprotrain.tasks.")
-    trained = json.loads((repo / "results" / "metrics.json").read_text())
-    evaluated = json.loads((repo / "results" / "eval.json").read_text())
-    for key in workload.metrics:
-        name_ = key.removeprefix("val/")
-        assert trained[f"val_{name_}"] is not None
-        assert evaluated[f"eval_{name_}"] == pytest.approx(trained[f"val_{name_}"], rel=1e-4)
-    assert "NaN" not in (repo / "results" / "eval.json").read_text()
-    assert (repo / "results" / "confusion.csv").exists() == (name == "wl_bert")
+    assert list(ALL)[-1] == "wl_bert"
+    seen: set[str] = set()
+    for name, workload in ALL.items():
+        sh(
+            repo,
+            "dvc",
+            "exp",
+            "run",
+            "-S",
+            "code=workloads",  # the stages depend on the user's code (and run only it)
+            "-S",
+            f"experiment={workload.experiment}",
+            "-S",
+            "train.steps=20",
+            "-S",
+            "train.val_every=10",
+            "-S",
+            "tracking.log_model=false",
+            "-S",
+            "train.threads=1",
+            env=workload.env(PATH=path, DVC_NO_ANALYTICS="1"),
+        )
+        params = yaml.safe_load((repo / "params.yaml").read_text())
+        assert params["task"]["_target_"].startswith("reprotrain.tasks."), name
+        trained = json.loads((repo / "results" / "metrics.json").read_text())
+        evaluated = json.loads((repo / "results" / "eval.json").read_text())
+        assert trained["run_id"] not in seen, name  # this workload's own run
+        seen.add(trained["run_id"])
+        for key in workload.metrics:
+            name_ = key.removeprefix("val/")
+            assert trained[f"val_{name_}"] is not None, (name, key)
+            assert evaluated[f"eval_{name_}"] == pytest.approx(trained[f"val_{name_}"], rel=1e-4), (
+                name,
+                key,
+            )
+        assert "NaN" not in (repo / "results" / "eval.json").read_text(), name
+        assert (repo / "results" / "confusion.csv").exists() == (name == "wl_bert"), name

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, CHROMIUM_FLAGS, Store, child_env, require_chromium, train
+from conftest import (
+    BIN,
+    CHROMIUM_FLAGS,
+    Store,
+    child_env,
+    empty_store_file,
+    require_chromium,
+    train,
+)
 from teamserver import free_port, stop_group, wait_until
 
 SCREENSHOTS = Path(os.environ.get("REPROTRAIN_SCREENSHOT_DIR", tempfile.gettempdir()))
@@ -24,23 +32,19 @@ pytestmark = pytest.mark.e2e  # `mlflow ui` and Chromium
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str]:
-    """A run long enough for MLflow's system-metrics monitor to sample it a few times (its
-    interval set through MLflow's own variable), and the link the run printed."""
-    folder = tmp_path_factory.mktemp("ui")
-    store = Store(folder)
-    env = {**child_env(), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.5"}
-    result = train(folder, store, "train.steps=1500", "data.num_samples=4096", env=env)
-    (link,) = re.findall(r"then open (\S+)", result.stderr)
-    return store, link
+def ui_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """The store the run records in and `mlflow ui` serves, its schema made before the two
+    open it side by side (a fresh sqlite store created by two processes at once breaks)."""
+    return Store(tmp_path_factory.mktemp("ui")).create_from(empty_store_file())
 
 
 @pytest.fixture(scope="module")
-def mlflow_ui(trained: tuple[Store, str]) -> Iterator[str]:
-    """`mlflow ui` on a free 127.0.0.1 port over the run's store, in its own process group."""
-    store, _ = trained
+def mlflow_ui(ui_store: Store) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`mlflow ui` on a free 127.0.0.1 port over the run's store, in its own process group:
+    started, not yet answering (trained waits for it)."""
     port = free_port()
-    command = ["ui", "--backend-store-uri", store.uri, "--host", "127.0.0.1", "--port", str(port)]
+    command = ["ui", "--backend-store-uri", ui_store.uri, "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), *command],
         env=child_env(),
@@ -48,23 +52,35 @@ def mlflow_ui(trained: tuple[Store, str]) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        health = f"{url}/health"
-        wait_until(lambda: urllib.request.urlopen(health, timeout=2).status == 200, "ui", proc)
-        yield url
+        yield f"http://127.0.0.1:{port}", proc
     finally:
         stop_group(proc)  # the server and its job-consumer children
 
 
+@pytest.fixture(scope="module")
+def trained(ui_store: Store, mlflow_ui: tuple[str, subprocess.Popen]) -> tuple[Store, str, str]:
+    """A run long enough for MLflow's system-metrics monitor to sample it a few times (its
+    interval set through MLflow's own variable), trained while `mlflow ui` starts; the link
+    the run printed, and the UI's address once it answers."""
+    store = ui_store
+    env = {**child_env(), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.5"}
+    result = train(store.path.parent, store, "train.steps=1500", "data.num_samples=4096", env=env)
+    (link,) = re.findall(r"then open (\S+)", result.stderr)
+    url, proc = mlflow_ui
+    health = f"{url}/health"
+    wait_until(lambda: urllib.request.urlopen(health, timeout=2).status == 200, "ui", proc)
+    return store, link, url
+
+
 @pytest.mark.browser
 def test_printed_link_opens_model_training_with_loss_first_system_metrics_and_datasets(
-    trained: tuple[Store, str], mlflow_ui: str
+    trained: tuple[Store, str, str],
 ) -> None:
     chromium = require_chromium()
     from playwright.sync_api import sync_playwright
 
-    store, link = trained
+    store, link, mlflow_ui = trained
     run = store.only_run()
     assert link.endswith(f"/runs/{run.info.run_id}?workflowType=machine_learning")
     page_url = link.replace("http://127.0.0.1:5000", mlflow_ui)  # the UI's port here

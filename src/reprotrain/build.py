@@ -36,6 +36,7 @@ from reprotrain.devices import available_memory
 from reprotrain.errors import ConfigError, DeviceError
 from reprotrain.metrics import Metric, build_metrics
 from reprotrain.schema import Config, drop_auto_fused, target_kwargs
+from reprotrain.seeding import VALIDATION_STREAM, seeded
 from reprotrain.step import LossFn, Scheduler
 from reprotrain.tasks import Classification, Task, check_task, logits_of, model_loss
 
@@ -273,15 +274,17 @@ def check_fit(pieces: Pieces, device: torch.device) -> Any:
     one line. Sets `pieces.model_loss` (the model returns its own loss). Returns the training
     batch (on the CPU) for the MLflow Model's input example. Eval mode, no grad: no RNG drawn,
     no statistic moved, no metric or task state kept."""
-    batch = first_batch(pieces.splits.train, 2, pieces.reading.collate_fn)
+    with seeded(0, 0, 0, VALIDATION_STREAM):  # what the items draw: not from the run's streams
+        batch = first_batch(pieces.splits.train, 2, pieces.reading.collate_fn)
     model, task = pieces.model, pieces.task
     task.check_batch(batch)
     was_training = model.training
     model.eval()
-    try:
-        with torch.no_grad(), task.evaluating():
+    try:  # its own seeds: a model that draws in eval mode draws nothing from the run's streams
+        with torch.no_grad(), task.evaluating(), seeded(0, 0, 0, VALIDATION_STREAM):
             on_device = move_to(batch, device)
             outputs = _checked_forward(model, task, on_device, batch)
+            task.check_outputs(outputs, batch)
             _checked_loss(pieces, outputs, on_device, batch)
             pieces.model_loss = model_loss(outputs) is not None
             if len(pieces.splits.val):

@@ -82,7 +82,9 @@ def load_model(path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
             hint=FIX,
         )
     # model.pt may come from a DVC remote: its configs are code, built only where trusted.
-    refuse_untrusted(recorded_targets({k: saved.get(k) for k in RECORDED_CONFIGS}), None)
+    recorded = {k: saved.get(k) for k in RECORDED_CONFIGS if k != "collate_fn"}
+    recorded["data"] = {"collate_fn": saved.get("collate_fn")}  # where a config holds it
+    refuse_untrusted(recorded_targets(recorded), None)
     model = build_model(saved["model"])
     try:
         model.load_state_dict(saved["state_dict"])

@@ -139,6 +139,10 @@ class Task:
         """Raise a ConfigError for a batch this task would train on wrongly without failing
         (the fit check calls it on a training batch before the first step)."""
 
+    def check_outputs(self, outputs: Any, batch: Any) -> None:
+        """Raise a ConfigError for outputs this task would train on wrongly without failing
+        (the fit check calls it on the model's outputs for a training batch)."""
+
     # -- what a subclass changes
     def targets(self, batch: Any) -> torch.Tensor:
         if isinstance(batch, Mapping):
@@ -398,6 +402,19 @@ class LanguageModel(Task):
         outputs, state = model(*args, self.state, **kwargs)
         self.state = map_tensors(torch.Tensor.detach, state)  # backward stops at this batch
         return outputs
+
+    def check_outputs(self, outputs: Any, batch: Any) -> None:
+        """Targets are token sequences: one label per sample (`[batch]`, classification data)
+        would train as a classifier under this task's name, its perplexity meaningless."""
+        labels = Task.targets(self, batch)
+        if labels.ndim < 2:
+            raise ConfigError(
+                f"task=language_model takes a sequence of target tokens per sample, but the "
+                f"batch's targets are {describe(labels)} (one label per sample) and the model "
+                f"returns {describe(logits_of(outputs))}",
+                hint="use task=classification for one label per sample, or give the model "
+                "token sequences",
+            )
 
     def targets(self, batch: Any) -> torch.Tensor:
         """The labels as the outputs are laid out (sequence first when the model is); with

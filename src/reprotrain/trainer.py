@@ -421,6 +421,13 @@ class Trainer:
         metrics' library is imported when the run first uses it (torchmetrics: ~2 s of
         start-up)."""
         self.metrics_checked = True
+        # With its own seeds: training's streams go on as if it had not run (a resumed run
+        # checks after its first step, an uninterrupted one after step 1; a model may draw
+        # in eval mode too).
+        with seeded(self.train.seed, self.group.rank, 0, VALIDATION_STREAM):
+            self._check_metrics(batch)
+
+    def _check_metrics(self, batch: Any) -> None:
         if self.val_data is not None and len(self.val_data):
             batch = next(val_batches(self.val_data, self.device, 2, self.reading.collate_fn))
         batch = move_batch_to_device(batch, self.device)
