@@ -320,16 +320,27 @@ def kill_trainer(proc: subprocess.Popen, timeout: float = 60) -> None:
     proc.wait(timeout=timeout)
 
 
-def wait_for_losses(store: Store, count: int, proc: subprocess.Popen, timeout: float = 180) -> None:
-    """Poll the store until the child's run has `count` losses (the child must keep running)."""
+def wait_for_losses(
+    store: Store,
+    count: int,
+    proc: subprocess.Popen,
+    timeout: float = 180,
+    experiment: str | None = None,
+) -> None:
+    """Poll the store until the child's run (the one in `experiment`, when given) has `count`
+    losses (the child must keep running)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
-        runs = store.runs() if store.path.exists() else []
+        if experiment is not None:
+            runs = store.runs(experiment)
+        else:
+            runs = store.runs() if store.path.exists() else []
         if runs and len(store.losses(runs[0].info.run_id)) >= count:
             return
         time.sleep(0.1)
-    raise AssertionError(f"fewer than {count} losses recorded in time")
+    where = f" in {experiment}" if experiment is not None else ""
+    raise AssertionError(f"fewer than {count} losses recorded{where} in time")
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:

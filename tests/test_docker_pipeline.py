@@ -440,21 +440,6 @@ def test_cnn_and_a_user_model_train_in_the_container(tmp_path: Path) -> None:
         assert len(store.losses(run.info.run_id)) == 40
 
 
-def wait_for_experiment_losses(
-    store: Store, experiment: str, count: int, proc: subprocess.Popen, timeout: float = 900
-) -> None:
-    """Poll the store until the run in `experiment` has `count` losses (the launcher must keep
-    running; the first call may build the image)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
-        runs = store.runs(experiment)
-        if runs and len(store.losses(runs[0].info.run_id)) >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"fewer than {count} losses recorded in {experiment} in time")
-
-
 def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_path: Path) -> None:
     """kill -9 of the launcher leaves its container training: `runs --clean` leaves that run
     alone; once the container is gone too, it ends the run KILLED and says to resume it, or,
@@ -488,7 +473,7 @@ def test_container_run_left_running_by_a_hard_kill_is_ended_by_runs_clean(tmp_pa
     checkpoints = {}
     try:
         for kind, proc in procs.items():
-            wait_for_experiment_losses(store, kind, 100, proc)
+            wait_for_losses(store, 100, proc, timeout=900, experiment=kind)  # may build the image
             (run,) = store.runs(kind)
             checkpoints[kind] = checkpoint_file(
                 Path(run.data.tags["reprotrain.checkpoint_dir"]), run.info.run_id

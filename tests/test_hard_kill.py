@@ -109,7 +109,7 @@ def test_sigkill_then_clean_says_resume_or_start_again_and_resume_records_every_
             tmp_path, store.uri, *overrides, f"train.output_dir={tmp_path / name}"
         )
         try:
-            wait_for_experiment_losses(store, experiment, losses, proc)
+            wait_for_losses(store, losses, proc, experiment=experiment)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
@@ -152,20 +152,6 @@ def test_sigkill_then_clean_says_resume_or_start_again_and_resume_records_every_
     assert [float(line.split(",")[1]) for line in csv_losses] == pytest.approx(
         [value for _, value in store.losses(run_id)], rel=1e-5
     )  # loss.csv keeps 6 significant digits
-
-
-def wait_for_experiment_losses(
-    store: Store, experiment: str, count: int, proc: subprocess.Popen, timeout: float = 180
-) -> None:
-    """Poll the store until the child's run, in `experiment`, has `count` losses."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
-        runs = store.runs(experiment)
-        if runs and len(store.losses(runs[0].info.run_id)) >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"fewer than {count} losses recorded in time")
 
 
 @pytest.mark.e2e  # kill -9 of the training process
