@@ -287,6 +287,20 @@ def with_child_defaults(overrides: tuple[str, ...] | list[str]) -> list[str]:
     return [*overrides, *(f"{k}={v}" for k, v in CHILD_DEFAULTS.items() if k not in named)]
 
 
+def library_args(tmp_path: Path, *overrides: str, progress: str = "off") -> list[str]:
+    """Overrides for reprotrain.train(...) in this process: a sqlite store and checkpoints in
+    tmp_path, no system metrics or MLflow Model (the tests about them ask for them)."""
+    return [
+        "runtime=local",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"train.checkpoint_dir={tmp_path / 'checkpoints'}",
+        f"train.progress={progress}",
+        "tracking.system_metrics=false",
+        "tracking.log_model=false",
+        *overrides,
+    ]
+
+
 def train_args(tmp_path: Path, uri: str, *overrides: str) -> list[str]:
     """`python -m reprotrain.train` here, on `uri`, writing under tmp_path/results, with the
     child defaults above."""

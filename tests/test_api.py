@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import reprotrain
+from conftest import library_args
 from reprotrain.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,23 +57,11 @@ def same_state(before: dict[str, object], after: dict[str, object]) -> list[str]
     return differ
 
 
-def run_args(tmp_path: Path, *overrides: str) -> list[str]:
-    return [
-        "runtime=local",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        f"train.checkpoint_dir={tmp_path / 'checkpoints'}",
-        "train.progress=off",
-        "tracking.system_metrics=false",
-        "tracking.log_model=false",
-        *overrides,
-    ]
-
-
 def test_train_runs_twice_in_one_process_and_leaves_it_as_it_was(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = process_state()
-    first = reprotrain.train(run_args(tmp_path, "train.steps=20", "train.val_every=10"))
-    second = reprotrain.train(run_args(tmp_path, "train.steps=20", "optimizer=sgd"))
+    first = reprotrain.train(library_args(tmp_path, "train.steps=20", "train.val_every=10"))
+    second = reprotrain.train(library_args(tmp_path, "train.steps=20", "optimizer=sgd"))
     assert same_state(before, process_state()) == []
     assert first.status == second.status == "FINISHED"
     assert first.run_id != second.run_id
@@ -98,7 +87,7 @@ def test_train_inside_a_callers_active_run_leaves_it_active(tmp_path, monkeypatc
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     try:
         with mlflow.start_run() as outer:
-            result = reprotrain.train(run_args(tmp_path, "train.steps=5"))
+            result = reprotrain.train(library_args(tmp_path, "train.steps=5"))
             assert mlflow.active_run().info.run_id == outer.info.run_id
         assert result.run_id != outer.info.run_id
         assert MlflowClient().get_run(outer.info.run_id).info.status == "FINISHED"
@@ -110,12 +99,12 @@ def test_bad_config_raises_one_line_config_error_not_exit(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     before = process_state()
     with pytest.raises(reprotrain.ConfigError) as raised:
-        reprotrain.train(run_args(tmp_path, "train.batch_size=0"))
+        reprotrain.train(library_args(tmp_path, "train.batch_size=0"))
     message = str(raised.value)
     assert "\n" not in message
     assert "train.batch_size=0" in message and "fix:" in message
     with pytest.raises(reprotrain.ConfigError, match="optimizer"):
-        reprotrain.train(run_args(tmp_path, "optimizer=nonexistent"))
+        reprotrain.train(library_args(tmp_path, "optimizer=nonexistent"))
     assert same_state(before, process_state()) == []
     assert not (tmp_path / "mlflow.db").exists()  # nothing was opened
 
@@ -265,4 +254,4 @@ def test_reprotrain_train_is_the_call_even_once_the_script_module_is_imported(tm
     which then shadows the package's function attribute: calling it still trains."""
     importlib.import_module("reprotrain.train")
     with pytest.raises(reprotrain.ConfigError, match="train.batch_size=0"):
-        reprotrain.train(run_args(tmp_path, "train.batch_size=0"))
+        reprotrain.train(library_args(tmp_path, "train.batch_size=0"))

@@ -19,20 +19,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import reprotrain
+from conftest import library_args
 from reprotrain.stopping import GracefulStop, Interrupted
-
-
-def run_args(tmp_path: Path, *overrides: str) -> list[str]:
-    return [
-        "runtime=local",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        f"train.checkpoint_dir={tmp_path / 'checkpoints'}",
-        "train.progress=lines",
-        "tracking.system_metrics=false",
-        "tracking.log_model=false",
-        "experiment=smoke",
-        *overrides,
-    ]
 
 
 def test_validation_early_stopping_and_resume_each_say_a_line(
@@ -40,14 +28,16 @@ def test_validation_early_stopping_and_resume_each_say_a_line(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     result = reprotrain.train(
-        run_args(
+        library_args(
             tmp_path,
+            "experiment=smoke",
             "train.steps=40",
             "train.val_every=10",
             "train.objective=val/accuracy",
             "train.early_stopping={patience:1,min_delta:0.5}",  # no gain of 0.5: stops at 20
             "train.warmup_steps=5",
             "train.log_every=5",
+            progress="lines",
         )
     )
     err = capfd.readouterr().err
@@ -63,9 +53,19 @@ def test_validation_early_stopping_and_resume_each_say_a_line(
     assert steps[0].startswith("step 5/40") and steps[0].endswith("warming up"), steps
     assert re.fullmatch(r"step 10/40  loss \d+\.\d{4}  [\d,]+ samples/s", steps[1]), steps
 
-    first = reprotrain.train(run_args(tmp_path, "train.steps=8"))
+    first = reprotrain.train(
+        library_args(tmp_path, "experiment=smoke", "train.steps=8", progress="lines")
+    )
     capfd.readouterr()
-    resumed = reprotrain.train(run_args(tmp_path, "train.steps=12", f"train.resume={first.run_id}"))
+    resumed = reprotrain.train(
+        library_args(
+            tmp_path,
+            "experiment=smoke",
+            "train.steps=12",
+            f"train.resume={first.run_id}",
+            progress="lines",
+        )
+    )
     assert resumed.status == "FINISHED"
     assert f"reprotrain: resuming run {first.run_id} from step 8" in capfd.readouterr().err
 

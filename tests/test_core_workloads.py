@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import reprotrain
+from conftest import library_args
 from reprotrain.checkpoint import load_checkpoint, save_checkpoint
 from reprotrain.errors import ConfigError
 
@@ -342,16 +343,9 @@ def test_two_inputs_in_a_dict_train_against_binary_targets() -> None:
 
 
 def config_run(tmp_path: Path, *overrides: str) -> list[str]:
-    return [
-        "runtime=local",
-        f"hydra.searchpath=[file://{TESTS / 'workloads' / 'conf'}]",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        f"train.checkpoint_dir={tmp_path / 'checkpoints'}",
-        "train.progress=off",
-        "tracking.system_metrics=false",
-        "tracking.log_model=false",
-        *overrides,
-    ]
+    return library_args(
+        tmp_path, f"hydra.searchpath=[file://{TESTS / 'workloads' / 'conf'}]", *overrides
+    )
 
 
 def test_lbfgs_from_its_config_records_what_trained(
